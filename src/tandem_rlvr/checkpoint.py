@@ -1,0 +1,156 @@
+"""Checkpoints that survive a kill: written under a temporary name, then renamed into place.
+
+A checkpoint ``checkpoints/step-N/`` holds the senior in Hugging Face format (safetensors), the
+optimiser and scheduler states, every RNG state (python, numpy, torch) and ``trainer_state.json``
+(step, data position, counters). Only directories whose name is ``step-N`` and which contain the
+``COMPLETE`` marker are ever loaded; half-written ``.tmp-*`` directories are ignored and cleaned.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tandem_rlvr.io import atomic_write_json, publish_dir
+
+MARKER = "COMPLETE"
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+def rng_state() -> tuple[dict, dict]:
+    """Every RNG state the trainer touches: (JSON-able python/numpy states, torch tensors)."""
+    v, inner, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    plain = {"python": [v, list(inner), gauss], "numpy": [name, keys.tolist(), pos, has_gauss, cached]}
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state_all()
+    return plain, tensors
+
+
+def set_rng_state(plain: dict, tensors: dict) -> None:
+    """Restore what :func:`rng_state` captured."""
+    v, inner, gauss = plain["python"]
+    random.setstate((v, tuple(inner), gauss))
+    name, keys, pos, has_gauss, cached = plain["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda"])
+
+
+def save_model(model, tokenizer, out_dir: str | Path) -> Path:
+    """Save ``model`` (merged if it is a peft model) and ``tokenizer`` atomically as safetensors."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    _save_weights(model, tmp)
+    tokenizer.save_pretrained(str(tmp))
+    (tmp / MARKER).write_text("ok\n")
+    publish_dir(tmp, out_dir)
+    return out_dir
+
+
+def _save_weights(model, path: Path) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        _save_weights_inner(model, path)
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def _save_weights_inner(model, path: Path) -> None:
+    if hasattr(model, "peft_config"):
+        model.save_pretrained(str(path / "adapter"), safe_serialization=True)
+        import copy
+
+        merged = copy.deepcopy(model).merge_and_unload()
+        merged.save_pretrained(str(path), safe_serialization=True)
+    else:
+        model.save_pretrained(str(path), safe_serialization=True)
+
+
+def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimizer, scheduler,
+                    trainer_state: dict, keep_last: int = 3) -> Path:
+    """Write ``checkpoints/step-{step}`` atomically and prune all but the newest ``keep_last``."""
+    ckpt_root = Path(run_dir) / "checkpoints"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step-{step}"
+    tmp = ckpt_root / f".tmp-step-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    _save_weights(model, tmp)
+    if hasattr(model, "peft_config"):
+        torch.save({k: v for k, v in model.state_dict().items() if "lora_" in k}, tmp / "lora_state.pt")
+    tokenizer.save_pretrained(str(tmp))
+    plain_rng, tensor_rng = rng_state()
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": tensor_rng},
+               tmp / "train_state.pt")
+    atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state, "rng": plain_rng})
+    (tmp / MARKER).write_text("ok\n")
+    publish_dir(tmp, final)
+    _prune(ckpt_root, keep_last)
+    return final
+
+
+def _prune(ckpt_root: Path, keep_last: int) -> None:
+    for d in complete_checkpoints(ckpt_root.parent)[:-keep_last]:
+        shutil.rmtree(d, ignore_errors=True)
+    for d in ckpt_root.glob(".tmp-*"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        m = _STEP_RE.match(d.name)
+        if m and (d / MARKER).exists() and (d / "trainer_state.json").exists():
+            found.append((int(m.group(1)), d))
+    return [d for _, d in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler) -> dict:
+    """Restore weights, optimiser, scheduler and RNG states in place; returns the trainer state."""
+    from safetensors.torch import load_file
+
+    if hasattr(model, "peft_config"):
+        lora = torch.load(ckpt / "lora_state.pt", weights_only=True)
+        missing = model.load_state_dict(lora, strict=False)
+        del missing
+    else:
+        state = {}
+        for f in sorted(ckpt.glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        result = model.load_state_dict(state, strict=False)
+        bad = [k for k in result.missing_keys if not _is_tied(model, k)]
+        if bad or result.unexpected_keys:
+            raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {bad[:5]}, unexpected {result.unexpected_keys[:5]}")
+    ts = torch.load(ckpt / "train_state.pt", weights_only=True)
+    optimizer.load_state_dict(ts["optimizer"])
+    scheduler.load_state_dict(ts["scheduler"])
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    set_rng_state(state.pop("rng"), ts["rng"])
+    return state
+
+
+def _is_tied(model, key: str) -> bool:
+    return bool(getattr(model.config, "tie_word_embeddings", False)) and key.endswith("lm_head.weight")

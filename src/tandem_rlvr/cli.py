@@ -1,0 +1,90 @@
+"""Command line: ``tandem-rlvr train | eval | demo | config-help``; a few lines per command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.trainer import train
+
+    cfg = load_config(args.config, args.overrides)
+    final = train(cfg, restart=args.restart)
+    print(f"done: senior saved to {final}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from tandem_rlvr.evaluate import run_from_args
+
+    return run_from_args(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from tandem_rlvr.demo import run_demo
+
+    run_demo(out_dir=args.out, quick=args.quick, seeds=args.seeds, force_world=args.rebuild_world)
+    return 0
+
+
+def _config_help(args: argparse.Namespace) -> int:
+    from tandem_rlvr.config import describe
+
+    print(describe())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
+    p = argparse.ArgumentParser(prog="tandem-rlvr", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a senior (arms trlvr, grpo, kl_reg) from a YAML config")
+    t.add_argument("config", help="YAML config file (see configs/)")
+    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=1e-5 train.steps=3")
+    t.add_argument("--restart", action="store_true", help="delete train.out_dir and start over instead of resuming")
+    t.set_defaults(func=_train)
+
+    e = sub.add_parser("eval", help="solo / handoff / tax / legibility / drift of senior(s) with a junior")
+    from tandem_rlvr.evaluate import add_eval_args
+
+    add_eval_args(e)
+    e.set_defaults(func=_eval)
+
+    d = sub.add_parser("demo", help="the paper's experiment in the built-in arithmetic world, on a CPU")
+    d.add_argument("--quick", action="store_true", help="1 seed, fewer steps, smaller eval (about 2 minutes)")
+    d.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; 1 with --quick)")
+    d.add_argument("--out", default="demo_out", help="output directory")
+    d.add_argument("--rebuild-world", action="store_true", help="rebuild the cached world models")
+    d.set_defaults(func=_demo)
+
+    c = sub.add_parser("config-help", help="list every training config key with its documentation")
+    c.set_defaults(func=_config_help)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; user errors print one clear line and exit 2 (``TANDEM_DEBUG=1`` shows tracebacks)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from tandem_rlvr.errors import USER_ERRORS
+
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as e:
+        if os.environ.get("TANDEM_DEBUG"):
+            raise
+        print(f"tandem-rlvr {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

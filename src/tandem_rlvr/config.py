@@ -1,0 +1,286 @@
+"""One typed configuration for training: YAML files plus dotted ``key=value`` overrides.
+
+Every field is documented once, here, in its ``doc`` metadata (``tandem-rlvr config-help`` prints
+them). Unknown keys and wrong types are rejected with the key's dotted name; cross-field checks run
+at load time; the resolved config is written to the run directory. This module knows nothing of torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ARMS = ("trlvr", "grpo", "kl_reg")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+def _f(default: Any, doc: str, **kw) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc}, **kw)
+    return field(default=default, metadata={"doc": doc}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    senior: str = _f("", "Senior (trained) model: a local directory or a Hugging Face hub name.")
+    junior: str | None = _f(None, "Junior (frozen) model: local directory or hub name. Unused when self_paired.")
+    self_paired: bool = _f(False, "Junior = frozen copy of the senior's starting weights (the paper's main setting).")
+    trust_remote_code: bool = _f(False, "Allow model code from the checkpoint to run. Off unless you ask.")
+    dtype: str = _f("float32", "Weights dtype: float32, bfloat16 or float16.")
+    lora_r: int = _f(0, "LoRA rank for the senior (0 = full fine-tuning). With self_paired, the junior is the base with the adapter off.")
+    lora_alpha: int = _f(32, "LoRA alpha.")
+    lora_targets: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "Module names LoRA adapts.")
+
+
+@dataclass
+class AlgoConfig:
+    arm: str = _f("trlvr", "trlvr (tandem rollouts, senior-token loss), grpo (solo, all tokens) or kl_reg (solo + beta*k3 KL to the junior).")
+    group_size: int = _f(8, "Rollouts per prompt (G).")
+    loss_type: str = _f("grpo", "Aggregation: grpo (per-sequence mean, then batch mean), dapo (token mean over the step's tokens) or dr_grpo (sum / (B*max_len)).")
+    normalize_std: bool = _f(True, "Divide advantages by the group std (False = Dr. GRPO).")
+    kl_beta: float = _f(0.0, "Weight of the k3 KL(senior || junior) term; > 0 required for kl_reg, 0 for the others.")
+    clip_eps: float = _f(0.2, "PPO clip epsilon (lower side; the upper side too unless clip_eps_high is set).")
+    clip_eps_high: float | None = _f(None, "Upper clip epsilon (DAPO clip-higher); None = clip_eps.")
+    lr: float = _f(1e-6, "AdamW learning rate.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    max_grad_norm: float = _f(1.0, "Gradient-norm clip (0 = off).")
+    warmup_steps: int = _f(0, "Linear LR warm-up steps (constant afterwards).")
+    mini_batch_prompts: int = _f(8, "Prompts per PPO mini-batch (one optimizer update each).")
+    ppo_epochs: int = _f(1, "Passes over each step's rollouts.")
+    micro_batch: int = _f(0, "Rollouts per forward/backward chunk (gradient accumulation); 0 = whole mini-batch.")
+    senior_frac_band: list | None = _f(None, "Allowed [low, high] senior token fraction per step for trlvr; None = [p-0.2, p+0.2]. Outside it the run stops.")
+
+
+@dataclass
+class HandoffConfig:
+    schedule: str = _f("word", "word, bernoulli, step, alternate, chunk or none (used by the trlvr arm; grpo/kl_reg roll out solo).")
+    p: float = _f(0.5, "P(senior) of each handoff coin.")
+    max_gap: int = _f(32, "Word schedule: redraw the author after K tokens without a word boundary.")
+    chunk_size: int = _f(16, "Chunk schedule: redraw every N tokens.")
+
+
+@dataclass
+class RolloutConfig:
+    max_new_tokens: int = _f(3000, "Response budget shared by both authors.")
+    max_prompt_tokens: int = _f(1024, "Longer prompts are skipped and counted.")
+    temperature: float = _f(0.6, "Sampling temperature of both models during training.")
+    top_p: float = _f(1.0, "Nucleus sampling threshold.")
+    top_k: int = _f(0, "Top-k sampling (0 = off).")
+    batch_size: int = _f(0, "Rollouts generated per engine call (0 = the whole step at once).")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = _f(200, "Training steps (each: prompts_per_step prompts x group_size rollouts).")
+    prompts_per_step: int = _f(16, "Prompts per step.")
+    save_every: int = _f(50, "Checkpoint every N steps (0 = only final).")
+    keep_last: int = _f(3, "Checkpoints kept (older ones are deleted).")
+    seed: int = _f(0, "Seed for data order, sampling and handoff coins.")
+    out_dir: str = _f("runs/trlvr", "Run directory: config.yaml, metrics.jsonl, checkpoints/, final/.")
+    max_nonfinite: int = _f(3, "Stop (with a checkpoint) after this many non-finite updates in a row.")
+    trackers: list = _f([], "Extra accelerate trackers, e.g. [tensorboard] or [wandb].")
+    progress: bool = _f(True, "Show a progress bar.")
+
+
+@dataclass
+class DataConfig:
+    train: str = _f("deepscaler", "Training data: a benchmark name (see README), world/train, or a local JSONL/JSON/CSV/parquet file.")
+    train_split: str | None = _f(None, "Split of a named benchmark (default: its training split).")
+    problem_key: str = _f("problem", "Problem column of a local file.")
+    answer_key: str = _f("answer", "Answer column of a local file.")
+    reward: str = _f("math", "Reward function: math (math-verify on the last \\boxed{}), gsm8k or boxed_exact.")
+    reward_timeout_s: float = _f(2.0, "Hard time limit of one answer check.")
+    reward_workers: int = _f(2, "Worker processes for answer checking.")
+
+
+@dataclass
+class ValConfig:
+    data: str | None = _f(None, "Validation data (name or file); None = no validation.")
+    every: int = _f(0, "Validate every N steps (0 = off).")
+    n: int = _f(4, "Samples per validation problem.")
+    limit: int = _f(64, "Validation problems used (0 = all).")
+    max_new_tokens: int = _f(0, "Validation budget (0 = rollout.max_new_tokens).")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    handoff: HandoffConfig = field(default_factory=HandoffConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    val: ValConfig = field(default_factory=ValConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def senior_band(self) -> tuple[float, float]:
+        """The allowed senior-token fraction of a trlvr step."""
+        if self.algo.senior_frac_band is not None:
+            lo, hi = self.algo.senior_frac_band
+            return float(lo), float(hi)
+        p = 0.5 if self.handoff.schedule == "alternate" else self.handoff.p
+        return max(0.0, p - 0.2), min(1.0, p + 0.2)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is list or origin is list:
+        if isinstance(value, (list, tuple)):
+            return list(value)
+    else:
+        return value
+    raise ConfigError(f"config key {key!r} must be {getattr(tp, '__name__', tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _merge(obj: Any, data: dict, prefix: str = "") -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key {dotted!r}; valid keys here: {', '.join(sorted(names))}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {dotted!r} must be a mapping, got {value!r}")
+            _merge(current, value, dotted + ".")
+        else:
+            setattr(obj, key, _coerce(value, hints[key], dotted))
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["algo.lr=1e-5", "train.steps=3"]`` → nested dict (values parsed as YAML scalars)."""
+    out: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        if isinstance(value, str) and value.strip().lower() in ("none", "null"):
+            value = None
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> Config:
+    """Build a validated :class:`Config` from ``base`` dict, a YAML file, then dotted overrides."""
+    cfg = Config()
+    if base:
+        _merge(cfg, base)
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
+        _merge(cfg, data)
+    if overrides:
+        _merge(cfg, parse_overrides(overrides))
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks; raises :class:`ConfigError` naming the key."""
+    from tandem_rlvr.handoff import SCHEDULES
+
+    a, h, t, r = cfg.algo, cfg.handoff, cfg.train, cfg.rollout
+    checks = [
+        (bool(cfg.model.senior), "model.senior", "must name a model (a local path or hub name)"),
+        (cfg.model.self_paired or bool(cfg.model.junior), "model.junior", "is required unless model.self_paired is true"),
+        (not (cfg.model.self_paired and cfg.model.junior), "model.junior", "must be empty when model.self_paired is true"),
+        (cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"must be float32, bfloat16 or float16, got {cfg.model.dtype!r}"),
+        (a.arm in ARMS, "algo.arm", f"must be one of {', '.join(ARMS)}, got {a.arm!r}"),
+        (a.group_size >= 2, "algo.group_size", f"must be >= 2 (GRPO needs a group), got {a.group_size}"),
+        (a.loss_type in ("grpo", "dapo", "token_mean", "dr_grpo"), "algo.loss_type", f"must be grpo, dapo, token_mean or dr_grpo, got {a.loss_type!r}"),
+        (a.kl_beta >= 0, "algo.kl_beta", "must be >= 0"),
+        (a.arm != "kl_reg" or a.kl_beta > 0, "algo.kl_beta", "must be > 0 for the kl_reg arm"),
+        (a.arm == "kl_reg" or a.kl_beta == 0, "algo.kl_beta", f"is only used by the kl_reg arm; set it to 0 for {a.arm!r}"),
+        (0 < a.clip_eps < 1, "algo.clip_eps", f"must be in (0, 1), got {a.clip_eps}"),
+        (a.lr > 0, "algo.lr", "must be > 0"),
+        (a.mini_batch_prompts >= 1 and t.prompts_per_step % a.mini_batch_prompts == 0, "algo.mini_batch_prompts",
+         f"must divide train.prompts_per_step ({t.prompts_per_step}), got {a.mini_batch_prompts}"),
+        (a.ppo_epochs >= 1 and a.micro_batch >= 0, "algo.ppo_epochs", "ppo_epochs must be >= 1 and micro_batch >= 0"),
+        (h.schedule in SCHEDULES, "handoff.schedule", f"must be one of {', '.join(SCHEDULES)}, got {h.schedule!r}"),
+        (0.0 <= h.p <= 1.0, "handoff.p", f"must be in [0, 1], got {h.p}"),
+        (h.max_gap >= 1 and h.chunk_size >= 1, "handoff.max_gap", "max_gap and chunk_size must be >= 1"),
+        (r.max_new_tokens >= 1 and r.max_prompt_tokens >= 1, "rollout.max_new_tokens", "token budgets must be >= 1"),
+        (r.temperature > 0, "rollout.temperature", "must be > 0 for GRPO sampling"),
+        (0 < r.top_p <= 1 and r.top_k >= 0, "rollout.top_p", "top_p must be in (0, 1] and top_k >= 0"),
+        (r.batch_size == 0 or r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),
+        (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
+        (t.save_every >= 0 and t.keep_last >= 1, "train.save_every", "save_every must be >= 0 and keep_last >= 1"),
+        (cfg.data.reward_timeout_s > 0 and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),
+        (cfg.val.every == 0 or bool(cfg.val.data), "val.data", "is required when val.every > 0"),
+    ]
+    if a.senior_frac_band is not None:
+        band = a.senior_frac_band
+        ok = len(band) == 2 and all(isinstance(x, (int, float)) for x in band) and 0 <= band[0] <= band[1] <= 1
+        checks.append((ok, "algo.senior_frac_band", f"must be [low, high] with 0 <= low <= high <= 1, got {band}"))
+    for ok, key, msg in checks:
+        if not ok:
+            raise ConfigError(f"config key {key!r} {msg}")
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically)."""
+    from tandem_rlvr.io import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def describe() -> str:
+    """Every config key with its default and documentation, one per line."""
+    lines = []
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(section.type if isinstance(section.type, type) else typing.get_type_hints(Config)[section.name]):
+            lines.append(f"{section.name}.{f.name} (default {_default(f)!r}): {f.metadata.get('doc', '')}")
+    return "\n".join(lines)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]

@@ -1,0 +1,267 @@
+"""Pure RL math for (Tandem) GRPO: stateless tensor functions, in the spirit of verl's ``core_algos``.
+
+Nothing here knows about models, trainers or configs. Shape suffixes: ``_B`` batch (rollouts), ``_T``
+response tokens, ``_V`` vocabulary. Every ``mask_BT`` is the *loss* mask: 1 where a token is trained
+on. In the tandem arm the caller passes ``response_mask * senior_owner``, so junior tokens (which still
+condition the senior through attention) get exactly zero gradient. A loss mask that is missing, badly
+shaped, non-binary or all-zero is an error, never a silent fall-back.
+
+Conventions matched to TRL 1.16 ``GRPOTrainer`` (checked by ``tests/test_trl_parity.py``):
+
+* group std is the *unbiased* (Bessel, ``n - 1``) std, as TRL's ``nanstd``; TRL's advantage epsilon is
+  ``1e-4`` (hard-coded), ours defaults to ``1e-6`` and is an argument;
+* ``grpo`` aggregation divides each sequence by ``mask.sum(-1).clamp(min=1)`` and then averages over
+  *all* B sequences (a sequence with no trainable token contributes 0 but still counts in B);
+* ``dapo`` divides the masked token sum by a caller-given (global) token count; TRL's normaliser is
+  ``num_items_in_batch / num_processes * grad_accum / steps_per_generation``, pass that as ``num_tokens``;
+* ``dr_grpo`` divides by ``B * max_len`` (TRL: ``max_completion_length``);
+* the KL term is k3 with ``q - p = ref - policy``, added per token *after* clipping, before aggregation;
+  TRL's default ``use_bias_correction_kl=True`` (KL times the ratio) is available as ``kl_is_correction``;
+* ``clip_frac`` counts TRL's "region" clipping: ``(ratio < 1-eps and A < 0) or (ratio > 1+eps_high and A > 0)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+
+LOSS_TYPES: tuple[str, ...] = ("grpo", "dapo", "token_mean", "dr_grpo")
+
+__all__ = [
+    "LOSS_TYPES",
+    "aggregate",
+    "group_advantages",
+    "k3_kl",
+    "masked_mean",
+    "policy_loss",
+    "token_logps",
+]
+
+
+def _check_mask(mask_BT: Tensor | None, like_BT: Tensor, name: str = "mask_BT") -> Tensor:
+    """Validate a loss mask against ``like_BT`` and return it as a bool tensor."""
+    if mask_BT is None:
+        raise ValueError(f"{name} is required (a missing loss/ownership mask is an error, not 'all tokens')")
+    if like_BT.dim() != 2:
+        raise ValueError(f"expected a (B, T) tensor, got shape {tuple(like_BT.shape)}")
+    if mask_BT.shape != like_BT.shape:
+        raise ValueError(f"{name} has shape {tuple(mask_BT.shape)}, expected {tuple(like_BT.shape)}")
+    if mask_BT.dtype != torch.bool:
+        if not bool(((mask_BT == 0) | (mask_BT == 1)).all()):
+            raise ValueError(f"{name} must be binary (0/1 or bool)")
+        mask_BT = mask_BT != 0
+    if not bool(mask_BT.any()):
+        raise ValueError(
+            f"{name} is all zero: no trainable token in this batch (e.g. the senior owns no token); "
+            "refusing to return a silent zero loss"
+        )
+    return mask_BT
+
+
+def _check_same_shape(x: Tensor | None, like: Tensor, name: str) -> None:
+    if x is not None and x.shape != like.shape:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(like.shape)}")
+
+
+def masked_mean(x_BT: Tensor, mask_BT: Tensor) -> Tensor:
+    """Mean of ``x`` over the masked positions: ``sum(x * m) / sum(m)`` (mask must be non-empty)."""
+    mask_b = _check_mask(mask_BT, x_BT)
+    return torch.where(mask_b, x_BT, 0.0).sum() / mask_b.sum().to(x_BT.dtype)
+
+
+def group_advantages(
+    rewards_B: Tensor, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6
+) -> tuple[Tensor, dict[str, float]]:
+    """GRPO advantages over contiguous groups of ``group_size`` rollouts (rollouts of one prompt adjacent).
+
+    ``A_i = (r_i - mean_g) / (std_g + eps)`` with ``std_g`` the *unbiased* group std
+    ``sqrt(sum_j (r_j - mean_g)^2 / (G - 1))`` (TRL 1.16 ``nanstd``), or ``A_i = r_i - mean_g`` when
+    ``normalize_std=False`` (Dr. GRPO). A group with all-equal rewards gets ``A = 0`` exactly.
+
+    Metrics: ``train/frac_zero_std_groups`` (groups whose std is ~0, ``torch.isclose`` as TRL),
+    ``reward/mean`` and ``reward/std`` (unbiased std over the whole batch).
+    """
+    if rewards_B.dim() != 1:
+        raise ValueError(f"rewards_B must be 1-D (B,), got shape {tuple(rewards_B.shape)}")
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (a group of one has no baseline), got {group_size}")
+    num = rewards_B.numel()
+    if num == 0 or num % group_size != 0:
+        raise ValueError(f"batch size {num} is not a positive multiple of group_size {group_size}")
+    rewards = rewards_B.detach().float() if not rewards_B.is_floating_point() else rewards_B.detach()
+    if not bool(torch.isfinite(rewards).all()):
+        raise ValueError("rewards_B contains NaN or inf")
+    groups_GN = rewards.view(-1, group_size)
+    mean_G = groups_GN.mean(dim=1, keepdim=True)
+    std_G = groups_GN.std(dim=1, keepdim=True)  # unbiased (correction=1)
+    centered_GN = groups_GN - mean_G
+    adv_GN = centered_GN / (std_G + eps) if normalize_std else centered_GN
+    zero_std = torch.isclose(std_G, torch.zeros_like(std_G))
+    stats = torch.stack([zero_std.float().mean(), rewards.mean(), rewards.std()]).tolist()
+    metrics = {"train/frac_zero_std_groups": stats[0], "reward/mean": stats[1], "reward/std": stats[2]}
+    return adv_GN.reshape(-1), metrics
+
+
+def token_logps(logits_BTV: Tensor, ids_BT: Tensor, temperature: float = 1.0) -> Tensor:
+    """Log-probability of each chosen token: ``log softmax(z / tau)[id] = z[id] / tau - logsumexp(z / tau)``.
+
+    ``logits_BTV[b, t]`` must already be the logits that *predict* ``ids_BT[b, t]`` (i.e. shifted by one
+    w.r.t. the input). Computed one row at a time in float32, so no full ``B x T x V`` log-softmax (or
+    float32 copy of bf16 logits) is materialised at once.
+    """
+    if logits_BTV.dim() != 3 or ids_BT.shape != logits_BTV.shape[:2]:
+        raise ValueError(
+            f"logits_BTV {tuple(logits_BTV.shape)} and ids_BT {tuple(ids_BT.shape)} "
+            "must be (B, T, V) and (B, T)"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    rows = []
+    for logits_TV, ids_T in zip(logits_BTV, ids_BT):
+        z_TV = logits_TV.float()
+        if temperature != 1.0:
+            z_TV = z_TV / temperature
+        picked_T = z_TV.gather(-1, ids_T.long().unsqueeze(-1)).squeeze(-1)
+        rows.append(picked_T - torch.logsumexp(z_TV, dim=-1))
+    return torch.stack(rows)
+
+
+def k3_kl(logps_BT: Tensor, ref_logps_BT: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(policy || ref): ``exp(q - p) - (q - p) - 1`` (p policy, q reference).
+
+    Non-negative, zero iff ``p == q``; its gradient w.r.t. ``p`` is ``1 - exp(q - p)``.
+    """
+    _check_same_shape(ref_logps_BT, logps_BT, "ref_logps_BT")
+    diff = ref_logps_BT - logps_BT
+    return torch.exp(diff) - diff - 1.0
+
+
+def aggregate(
+    values_BT: Tensor,
+    mask_BT: Tensor,
+    loss_type: str,
+    *,
+    num_tokens: int | float | Tensor | None = None,
+    max_len: int | None = None,
+) -> Tensor:
+    """Reduce per-token values to a scalar over the masked tokens (``s_b = sum_t m_bt * v_bt``).
+
+    * ``grpo``: ``mean_b( s_b / max(sum_t m_bt, 1) )`` -- mean over all B sequences (TRL 1.16);
+    * ``dapo`` / ``token_mean``: ``sum_b s_b / num_tokens``; ``num_tokens`` defaults to ``sum(m)`` and
+      may be a global count (summed over processes / mini-batches) so that micro-batches add up;
+    * ``dr_grpo``: ``sum_b s_b / (B * max_len)``, ``max_len`` defaulting to T.
+
+    ``num_tokens`` is only read by the token-mean losses and ``max_len`` only by ``dr_grpo``.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
+    mask_b = _check_mask(mask_BT, values_BT)
+    masked_BT = torch.where(mask_b, values_BT, 0.0)
+    if loss_type == "grpo":
+        count_B = mask_b.sum(dim=-1).clamp(min=1).to(values_BT.dtype)
+        return (masked_BT.sum(dim=-1) / count_B).mean()
+    if loss_type == "dr_grpo":
+        max_len = values_BT.shape[1] if max_len is None else max_len
+        if max_len <= 0:
+            raise ValueError(f"max_len must be positive, got {max_len}")
+        return masked_BT.sum() / (values_BT.shape[0] * max_len)
+    if num_tokens is None:
+        num_tokens = mask_b.sum().to(values_BT.dtype)
+    elif float(num_tokens) <= 0:
+        raise ValueError(f"num_tokens must be positive, got {float(num_tokens)}")
+    return masked_BT.sum() / num_tokens
+
+
+def _check_policy_args(
+    logps_BT: Tensor,
+    old_logps_BT: Tensor,
+    adv_B: Tensor,
+    ref_logps_BT: Tensor | None,
+    clip_eps: float,
+    clip_eps_high: float | None,
+    kl_beta: float,
+) -> float:
+    """Validate ``policy_loss`` arguments; return the effective upper clip epsilon."""
+    _check_same_shape(old_logps_BT, logps_BT, "old_logps_BT")
+    _check_same_shape(ref_logps_BT, logps_BT, "ref_logps_BT")
+    if adv_B.shape != logps_BT.shape[:1]:
+        raise ValueError(f"adv_B has shape {tuple(adv_B.shape)}, expected ({logps_BT.shape[0]},)")
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+    if not 0.0 <= clip_eps < 1.0 or eps_high < 0.0:
+        raise ValueError(f"need 0 <= clip_eps < 1 and clip_eps_high >= 0, got {clip_eps}, {eps_high}")
+    if kl_beta < 0:
+        raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
+    if kl_beta > 0 and ref_logps_BT is None:
+        raise ValueError("kl_beta > 0 needs ref_logps_BT (reference log-probs of the sampled tokens)")
+    return eps_high
+
+
+def policy_loss(
+    logps_BT: Tensor,
+    old_logps_BT: Tensor,
+    adv_B: Tensor,
+    mask_BT: Tensor,
+    *,
+    loss_type: str = "grpo",
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    kl_beta: float = 0.0,
+    ref_logps_BT: Tensor | None = None,
+    num_tokens: int | float | Tensor | None = None,
+    max_len: int | None = None,
+    kl_is_correction: bool = False,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate (+ optional k3 KL), aggregated over the masked tokens by ``loss_type``.
+
+    With ``r = exp(p - p_old)`` and ``eps_h = clip_eps_high or clip_eps``, per token:
+    ``l = -min(r * A, clip(r, 1 - clip_eps, 1 + eps_h) * A) + kl_beta * k3(p, p_ref)``,
+    then ``loss = aggregate(l, mask_BT, loss_type)``. ``kl_is_correction=True`` weights the KL term by the
+    (differentiable, unclipped) ratio ``r * k3`` (DeepSeek-V3.2; TRL 1.16's ``use_bias_correction_kl``,
+    which TRL turns on by default); the default is the plain ``beta * k3`` of the method.
+    ``old_logps_BT``, ``ref_logps_BT`` and ``adv_B`` are treated as constants (detached). Positions outside
+    the mask are excluded *before* any exp, so they get exactly zero gradient and cannot overflow, whatever
+    values they hold.
+
+    Metrics (python floats): ``train/loss``, ``train/pg_loss`` (surrogate alone, same aggregation),
+    ``train/clip_frac`` (+ ``_low`` / ``_high``), ``train/ratio_mean``, ``train/num_tokens`` and, when a
+    reference is given, ``kl/policy_ref`` (token mean of the plain k3 over the mask, never ratio-weighted).
+    """
+    mask_b = _check_mask(mask_BT, logps_BT)
+    eps_high = _check_policy_args(logps_BT, old_logps_BT, adv_B, ref_logps_BT, clip_eps, clip_eps_high, kl_beta)
+    log_ratio_BT = torch.where(mask_b, logps_BT - old_logps_BT.detach(), 0.0)
+    ratio_BT = torch.exp(log_ratio_BT)
+    adv_B1 = adv_B.detach().to(logps_BT.dtype).unsqueeze(-1)
+    unclipped_BT = ratio_BT * adv_B1
+    clipped_BT = torch.clamp(ratio_BT, 1.0 - clip_eps, 1.0 + eps_high) * adv_B1
+    pg_BT = -torch.minimum(unclipped_BT, clipped_BT)
+    per_token_BT, kl_BT = pg_BT, None
+    if ref_logps_BT is not None:
+        ref_BT = ref_logps_BT.detach()
+        kl_BT = k3_kl(torch.where(mask_b, logps_BT, ref_BT), ref_BT)
+        if kl_beta > 0:
+            per_token_BT = pg_BT + kl_beta * (ratio_BT * kl_BT if kl_is_correction else kl_BT)
+    agg = dict(loss_type=loss_type, num_tokens=num_tokens, max_len=max_len)
+    loss = aggregate(per_token_BT, mask_b, **agg)
+
+    with torch.no_grad():
+        n_tokens = mask_b.sum().to(torch.float32)
+
+        def token_mean(x_BT: Tensor) -> Tensor:
+            return torch.where(mask_b, x_BT.float(), 0.0).sum() / n_tokens
+
+        low_BT = (ratio_BT < 1.0 - clip_eps) & (adv_B1 < 0)
+        high_BT = (ratio_BT > 1.0 + eps_high) & (adv_B1 > 0)
+        stats = {
+            "train/loss": loss,
+            "train/pg_loss": loss if per_token_BT is pg_BT else aggregate(pg_BT, mask_b, **agg),
+            "train/clip_frac": token_mean(low_BT | high_BT),
+            "train/clip_frac_low": token_mean(low_BT),
+            "train/clip_frac_high": token_mean(high_BT),
+            "train/ratio_mean": token_mean(ratio_BT),
+            "train/num_tokens": n_tokens,
+        }
+        if kl_BT is not None:
+            stats["kl/policy_ref"] = token_mean(kl_BT)
+        values = torch.stack([v.detach().float().reshape(()) for v in stats.values()]).tolist()  # one sync
+    return loss, dict(zip(stats.keys(), values))

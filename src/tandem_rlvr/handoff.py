@@ -1,0 +1,183 @@
+"""Handoff schedules: who writes the next token of each sequence.
+
+A schedule is a small immutable object. Its state lives in a :class:`HandoffState` that the rollout
+engine threads through decoding, and all its randomness comes from a ``torch.Generator`` the caller
+passes, so a schedule is pure and seeded: the same generator seed and token stream give the same
+authors. Everything is vectorised over the batch (no per-sequence Python loop).
+
+Schedules (METHOD.md §2):
+
+- ``none``: the senior writes everything (a vanilla GRPO rollout).
+- ``bernoulli``: a fresh coin P(senior)=p before every token.
+- ``word``: a coin at the start and after each emitted *boundary* token (a token whose text starts a
+  word: byte-level ``Ġ``, SentencePiece ``▁`` or a leading space), or after ``max_gap`` tokens
+  without one. The coin may keep the same author. Paper: p = 0.5, K = 32.
+- ``step``: a coin at the start and after each step end (the text so far ends with ``"\\n\\n"``).
+- ``alternate``: the senior writes the first step, then strict alternation at step ends.
+- ``chunk``: a coin at the start and after every ``chunk_size`` tokens.
+
+``rounds_B`` counts author turns (1 at the start, +1 at every change of author); the engine uses it
+for the evaluation's "at most 150 rounds".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+SCHEDULES = ("none", "bernoulli", "word", "step", "alternate", "chunk")
+WORD_MARKERS = ("Ġ", "▁", " ")
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """Per-vocabulary-id flags derived once from a tokenizer.
+
+    ``boundary_V``: the token starts a word. ``ends_nl_V``: its text ends with a newline.
+    ``ends_nl2_V``: its text ends with two newlines. ``starts_nl_V``: its text starts with a newline
+    (so a ``"\\n"`` after a token ending in ``"\\n"`` closes a step even when the tokenizer splits
+    ``"\\n\\n"`` in two).
+    """
+
+    boundary_V: torch.Tensor
+    ends_nl_V: torch.Tensor
+    ends_nl2_V: torch.Tensor
+    starts_nl_V: torch.Tensor
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.boundary_V.numel())
+
+
+def token_table(tokenizer, vocab_size: int | None = None) -> TokenTable:
+    """Build the :class:`TokenTable` of ``tokenizer`` (padded to ``vocab_size`` model rows if larger)."""
+    n_tok = len(tokenizer)
+    size = max(n_tok, vocab_size or 0)
+    raw = tokenizer.convert_ids_to_tokens(list(range(n_tok)))
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    texts = [tokenizer.decode([i]) if i not in special else "" for i in range(n_tok)]
+    flags = torch.zeros(4, size, dtype=torch.bool)
+    for i in range(n_tok):
+        if i in special or raw[i] is None:
+            continue
+        flags[0, i] = raw[i].startswith(WORD_MARKERS)
+        flags[1, i] = texts[i].endswith("\n")
+        flags[2, i] = texts[i].endswith("\n\n")
+        flags[3, i] = texts[i].startswith("\n")
+    if not bool(flags[0].any()):
+        raise ValueError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no word-start tokens "
+            f"(none starts with {WORD_MARKERS}); the 'word' schedule cannot be used with it"
+        )
+    return TokenTable(flags[0], flags[1], flags[2], flags[3])
+
+
+@dataclass(frozen=True)
+class HandoffState:
+    """Per-sequence schedule state. ``author_B``: True where the senior writes the next token."""
+
+    author_B: torch.Tensor
+    gap_B: torch.Tensor
+    rounds_B: torch.Tensor
+    prev_nl_B: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A handoff schedule; build one with :func:`make_schedule`.
+
+    ``p`` is P(senior) of each coin; ``max_gap`` the word schedule's K; ``chunk_size`` the chunk
+    schedule's N. ``table`` is needed by ``word``, ``step`` and ``alternate``.
+    """
+
+    name: str
+    p: float = 0.5
+    max_gap: int = 32
+    chunk_size: int = 16
+    table: TokenTable | None = field(default=None, repr=False)
+
+    @property
+    def uses_junior(self) -> bool:
+        """Whether the junior can ever author a token under this schedule."""
+        return self.name != "none" and (self.name == "alternate" or self.p < 1.0)
+
+    def start(self, batch_size: int, gen: torch.Generator) -> HandoffState:
+        """Initial state: who writes the first response token."""
+        if self.name == "none" or self.name == "alternate":
+            author = torch.ones(batch_size, dtype=torch.bool)
+        else:
+            author = _coin(batch_size, self.p, gen)
+        zeros = torch.zeros(batch_size, dtype=torch.long)
+        return HandoffState(author, zeros, zeros + 1, torch.zeros(batch_size, dtype=torch.bool))
+
+    def advance(self, state: HandoffState, tok_B: torch.Tensor, gen: torch.Generator) -> HandoffState:
+        """State after each sequence emitted ``tok_B``: decides the author of the next token."""
+        tok_B = tok_B.long().cpu()
+        gap = state.gap_B + 1
+        prev_nl = state.prev_nl_B
+        if self.name == "none":
+            return replace(state, gap_B=gap)
+        if self.name == "bernoulli":
+            redraw = torch.ones_like(state.author_B)
+        elif self.name == "chunk":
+            redraw = gap >= self.chunk_size
+        elif self.name == "word":
+            redraw = self._table().boundary_V[tok_B] | (gap >= self.max_gap)
+        else:  # step / alternate
+            t = self._table()
+            redraw = t.ends_nl2_V[tok_B] | (prev_nl & t.starts_nl_V[tok_B])
+            prev_nl = t.ends_nl_V[tok_B]
+        if self.name == "alternate":
+            new_author = torch.where(redraw, ~state.author_B, state.author_B)
+        else:
+            # Draw coins for the whole batch every step, so the stream is independent of which rows redraw.
+            coins = _coin(tok_B.numel(), self.p, gen)
+            new_author = torch.where(redraw, coins, state.author_B)
+        gap = torch.where(redraw, torch.zeros_like(gap), gap)
+        rounds = state.rounds_B + (new_author != state.author_B).long()
+        return HandoffState(new_author, gap, rounds, prev_nl)
+
+    def _table(self) -> TokenTable:
+        if self.table is None:
+            raise ValueError(f"handoff schedule {self.name!r} needs a token table (pass a tokenizer)")
+        return self.table
+
+
+def _coin(n: int, p: float, gen: torch.Generator) -> torch.Tensor:
+    return torch.rand(n, generator=gen) < p
+
+
+def make_schedule(
+    name: str,
+    tokenizer=None,
+    *,
+    p: float = 0.5,
+    max_gap: int = 32,
+    chunk_size: int = 16,
+    vocab_size: int | None = None,
+    table: TokenTable | None = None,
+) -> Schedule:
+    """Build a schedule by name (one of :data:`SCHEDULES`); unknown names and bad values raise."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown handoff schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"handoff.p must be in [0, 1], got {p}")
+    if max_gap < 1 or chunk_size < 1:
+        raise ValueError(f"handoff.max_gap and chunk_size must be >= 1, got {max_gap}, {chunk_size}")
+    if name in ("word", "step", "alternate") and table is None:
+        if tokenizer is None:
+            raise ValueError(f"handoff schedule {name!r} needs the tokenizer to find its boundaries")
+        table = token_table(tokenizer, vocab_size)
+    return Schedule(name=name, p=float(p), max_gap=int(max_gap), chunk_size=int(chunk_size), table=table)
+
+
+def simulate(schedule: Schedule, tokens_BT: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Authors of a fixed token stream: returns ``(owner_BT, rounds_B)``; for tests and analysis."""
+    gen = torch.Generator().manual_seed(seed)
+    state = schedule.start(tokens_BT.shape[0], gen)
+    owner = torch.zeros(tokens_BT.shape, dtype=torch.long)
+    for t in range(tokens_BT.shape[1]):
+        owner[:, t] = state.author_B.long()
+        state = schedule.advance(state, tokens_BT[:, t], gen)
+    return owner, state.rounds_B

@@ -1,0 +1,186 @@
+"""Loading the senior (trainable) and the junior (frozen), and checking that they can co-write.
+
+Frozen models are a first-class concept: :func:`freeze` puts a model in ``eval()`` with no
+gradients, and the trainer never hands its parameters to the optimiser. In the self-paired LoRA
+setting the junior *is* the senior's base weights with the adapter disabled (:class:`AdapterOff`),
+so no second copy is held.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer could not be loaded or paired; the message names it."""
+
+
+def _check_exists(name: str, role: str) -> None:
+    if not name:
+        raise ModelLoadError(f"no {role} model given")
+    p = Path(name).expanduser()
+    if name.startswith((".", "/", "~")) and not p.exists():
+        raise ModelLoadError(f"{role} model path {name!r} does not exist")
+    if p.is_dir() and not (p / "config.json").exists() and not any(p.glob("*.gguf")):
+        raise ModelLoadError(f"{role} model directory {name!r} has no config.json")
+
+
+def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "senior"):
+    """Load a tokenizer (left padding; pad falls back to EOS) or raise naming ``name``."""
+    from transformers import AutoTokenizer
+
+    _check_exists(name, role)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(Path(name).expanduser()) if Path(name).expanduser().exists() else name,
+                                            trust_remote_code=trust_remote_code)
+    except Exception as e:  # transformers raises many types here
+        raise ModelLoadError(f"could not load the {role} tokenizer from {name!r}: {e}") from None
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise ModelLoadError(f"{role} tokenizer {name!r} has neither a pad nor an EOS token")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool = False, role: str = "senior"):
+    """Load a causal LM from a local path or hub name, or raise naming ``name`` and the cause."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _check_exists(name, role)
+    path = str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise ModelLoadError(f"could not read the {role} model config from {name!r}: {e}") from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=None
+        )
+    except ValueError as e:
+        raise ModelLoadError(
+            f"{role} model {name!r} (model_type={getattr(config, 'model_type', '?')!r}) is not a causal LM "
+            f"that transformers can load: {str(e).splitlines()[0]}"
+        ) from None
+    except Exception as e:
+        raise ModelLoadError(f"could not load the {role} model from {name!r}: {e}") from None
+    return model
+
+
+def freeze(model):
+    """Make ``model`` a frozen partner: eval mode, no gradients. Returns it."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def check_tokenizers(senior_tok, junior_tok, senior_name: str, junior_name: str) -> None:
+    """Senior and junior must map every token string to the same id; else raise naming both."""
+    vs, vj = senior_tok.get_vocab(), junior_tok.get_vocab()
+    if vs == vj:
+        return
+    only_s = len(set(vs) - set(vj))
+    only_j = len(set(vj) - set(vs))
+    moved = sum(1 for k, v in vs.items() if k in vj and vj[k] != v)
+    raise ModelLoadError(
+        f"tokenizers of senior {senior_name!r} ({len(vs)} tokens) and junior {junior_name!r} ({len(vj)} tokens) "
+        f"are not compatible: {only_s} tokens only in the senior's, {only_j} only in the junior's, "
+        f"{moved} with different ids. Tandem decoding needs the same vocabulary ids."
+    )
+
+
+def eos_ids(tokenizer, model=None) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and the model's generation-config EOS."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gc = getattr(model, "generation_config", None)
+    e = getattr(gc, "eos_token_id", None) if gc is not None else None
+    if isinstance(e, int):
+        ids.add(e)
+    elif isinstance(e, (list, tuple)):
+        ids.update(int(x) for x in e)
+    if not ids:
+        raise ModelLoadError("the tokenizer has no EOS token; responses could never end")
+    return sorted(ids)
+
+
+class AdapterOff:
+    """A peft model seen with its adapter disabled: the frozen base model, without a second copy."""
+
+    def __init__(self, peft_model):
+        self.peft_model = peft_model
+
+    def __call__(self, *args, **kwargs):
+        with self.peft_model.disable_adapter():
+            return self.peft_model(*args, **kwargs)
+
+    def get_output_embeddings(self):
+        return self.peft_model.get_output_embeddings()
+
+    @property
+    def config(self):
+        return self.peft_model.config
+
+    def parameters(self):
+        return (p for n, p in self.peft_model.named_parameters() if "lora_" not in n)
+
+
+@dataclass
+class Pair:
+    """The loaded senior (trainable), junior (frozen) and their shared tokenizer."""
+
+    senior: object
+    junior: object
+    tokenizer: object
+    lora: bool = False
+
+
+def _apply_lora(model, mcfg):
+    from peft import LoraConfig, get_peft_model
+
+    lcfg = LoraConfig(r=mcfg.lora_r, lora_alpha=mcfg.lora_alpha, target_modules=list(mcfg.lora_targets),
+                      lora_dropout=0.0, task_type="CAUSAL_LM")
+    return get_peft_model(model, lcfg)
+
+
+def load_pair(mcfg) -> Pair:
+    """Load senior, junior and tokenizer from a :class:`~tandem_rlvr.config.ModelConfig`."""
+    trc = mcfg.trust_remote_code
+    tok = load_tokenizer(mcfg.senior, trust_remote_code=trc, role="senior")
+    senior = load_causal_lm(mcfg.senior, dtype=mcfg.dtype, trust_remote_code=trc, role="senior")
+    if mcfg.self_paired:
+        if mcfg.lora_r > 0:
+            senior = _apply_lora(senior, mcfg)
+            return Pair(senior, AdapterOff(senior), tok, lora=True)
+        junior = freeze(copy.deepcopy(senior))
+    else:
+        jtok = load_tokenizer(mcfg.junior, trust_remote_code=trc, role="junior")
+        check_tokenizers(tok, jtok, mcfg.senior, mcfg.junior)
+        junior = freeze(load_causal_lm(mcfg.junior, dtype=mcfg.dtype, trust_remote_code=trc, role="junior"))
+        if mcfg.lora_r > 0:
+            senior = _apply_lora(senior, mcfg)
+    _check_rows(senior, junior, tok, mcfg)
+    return Pair(senior, junior, tok, lora=mcfg.lora_r > 0)
+
+
+def _check_rows(senior, junior, tok, mcfg) -> None:
+    rs = senior.get_output_embeddings().weight.shape[0]
+    rj = junior.get_output_embeddings().weight.shape[0]
+    if rs != rj:
+        raise ModelLoadError(
+            f"senior {mcfg.senior!r} has {rs} output rows but junior {mcfg.junior!r} has {rj}; "
+            "their logits cannot be compared token by token"
+        )
+    if len(tok) > rs:
+        raise ModelLoadError(f"tokenizer of {mcfg.senior!r} has {len(tok)} tokens but the model only {rs} rows")

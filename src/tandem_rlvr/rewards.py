@@ -1,0 +1,662 @@
+"""Verifiable math rewards with a hard per-check time limit.
+
+A reward takes the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed x``) of a completion and checks
+it against the gold answer: ``math`` with math-verify (LaTeX extraction that prefers boxed answers,
+``verify(gold, pred)`` gold first), ``gsm8k`` likewise after taking the gold after ``####`` (and
+accepting a final ``#### N`` line when the completion has no box), ``boxed_exact`` by exact string
+match after removing whitespace. Scores are 1.0 or 0.0.
+
+Time limit. math-verify can hang on hostile input (``9^{9^{9^9}}`` evaluates a huge integer inside C
+code that no signal interrupts) and its own ``signal.alarm`` timeouts fail off the main thread. So
+every math-verify call runs in a killable worker process: the parent waits at most ``time_limit``
+seconds (default 2) from dispatch, then kills and replaces the worker. Inside the worker math-verify's
+own timeouts are disabled (``parsing_timeout=None``, ``timeout_seconds=None``) and a softer
+``setitimer`` limit (85 % of the budget) usually ends the check first without losing the worker. A
+timed-out check scores 0 and is counted (``reward/timeouts``); a check never raises and never hangs.
+Workers are started with the ``spawn`` context (never ``fork``: the trainer holds torch threads), or,
+inside a daemonic process where ``multiprocessing`` may not start children, as plain subprocesses
+talking over a ``multiprocessing.connection`` socket. Either way a worker imports math-verify once.
+
+Use :class:`RewardScorer` for batches (a persistent pool); ``math_reward`` & co. score one completion
+through a shared process-wide scorer (2 workers, calls serialised by a lock).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import math
+import multiprocessing
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from multiprocessing import connection as mp_connection
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_TIME_LIMIT",
+    "REWARD_FNS",
+    "RewardScorer",
+    "boxed_exact_reward",
+    "extract_boxed",
+    "get_reward_fn",
+    "gsm8k_gold",
+    "gsm8k_reward",
+    "math_reward",
+    "reward_totals",
+    "score_batch",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIME_LIMIT = 2.0
+MAX_COMPLETION_CHARS = 50_000  # longer completions are cut to this window around the last box
+MAX_ANSWER_CHARS = 2_000  # a longer boxed answer (or gold) scores 0 without a worker round-trip
+SOFT_LIMIT_FRACTION = 0.85
+START_TIMEOUT = 60.0  # seconds a new worker may take to import math-verify and report ready
+MEMORY_LIMIT_MB = 4096  # address-space cap of a worker (None: no cap)
+REWARD_KINDS = ("math", "gsm8k", "boxed_exact")
+
+# --------------------------------------------------------------------------------------------------
+# Extraction (parent side, linear time)
+
+# Tokens that matter for brace matching: an escaped backslash (so ``\\{`` is a line break + group),
+# a box opener with its brace, a bare box command (``\boxed 5``), escaped braces, plain braces.
+_TOKEN_RE = re.compile(r"\\\\|\\(?:boxed|fbox)\s*\{|\\(?:boxed|fbox)(?![A-Za-z])|\\[{}]|[{}]")
+_BARE_ARG_RE = re.compile(r"[ \t]+([^\s$]{1,200})")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Return the content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed x`` in ``text``.
+
+    Braces nest; escaped braces (``\\{``, ``\\}``) do not count. "Last" is the box that closes last; a
+    box whose content is just another box (``\\boxed{\\boxed{3}}``) yields the inner content. An
+    unterminated box (a truncated generation) is ignored, so the last *complete* box counts. The
+    content is stripped of surrounding whitespace and may be ``""`` (``\\boxed{}``). ``None``: no box.
+    """
+    if not isinstance(text, str) or ("\\boxed" not in text and "\\fbox" not in text):
+        return None
+    depth, stack = 0, []  # stack: (token_start, content_start, depth at the opener)
+    last: tuple[int, int, int, int] | None = None  # (token_start, close_end, eff_start, eff_end)
+    for m in _TOKEN_RE.finditer(text):
+        tok = m.group()
+        if tok[-1] == "{" and len(tok) > 2:  # box opener
+            stack.append((m.start(), m.end(), depth))
+            depth += 1
+        elif tok.startswith(("\\boxed", "\\fbox")):  # bare form: \boxed 5
+            arg = _BARE_ARG_RE.match(text, m.end())
+            if arg:
+                last = (m.start(), arg.end(), arg.start(1), arg.end(1))
+        elif tok == "{":
+            depth += 1
+        elif tok == "}" and depth > 0:
+            depth -= 1
+            if stack and stack[-1][2] == depth:
+                start, cs, _ = stack.pop()
+                eff = (cs, m.start())
+                if last is not None and _only_space(text, cs, last[0]) and _only_space(text, last[1], m.start()):
+                    eff = (last[2], last[3])  # the content is exactly the previous (inner) box
+                last = (start, m.end(), *eff)
+    return None if last is None else text[last[2] : last[3]].strip()
+
+
+def _only_space(text: str, start: int, end: int) -> bool:
+    return start <= end and (start == end or text[start:end].isspace())
+
+
+def _as_text(completion: Any) -> str:
+    """Accept a string, or a TRL conversational completion (list of message dicts): last content."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return "" if completion is None else str(completion)
+
+
+def _window_around_last_box(text: str, max_chars: int | None) -> tuple[str, bool]:
+    """Cut an absurdly long text to ``max_chars`` around its last box opener; (text, was_cut)."""
+    if max_chars is None or len(text) <= max_chars:
+        return text, False
+    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if i < 0:
+        return text[-max_chars:], True
+    lo = max(0, i - max_chars // 4)
+    return text[lo : lo + max_chars], True
+
+
+def gsm8k_gold(gold: str) -> str:
+    """GSM8K gold answer: the text after the last ``####`` (or the whole string), commas removed."""
+    return str(gold).rsplit("####", 1)[-1].strip().replace(",", "")
+
+
+_THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_HASH_LINE_RE = re.compile(r"####[ \t]*([^\n]*)")
+
+
+def _gsm8k_pred(text: str) -> str | None:
+    """GSM8K prediction: last box, else the last ``#### N`` line; thousands separators removed."""
+    pred = extract_boxed(text)
+    if pred is None:
+        i = text.rfind("####")
+        m = _HASH_LINE_RE.match(text, i) if i >= 0 else None
+        pred = m.group(1).strip() if m else None
+    return None if pred is None else _THOUSANDS_RE.sub("", pred)
+
+
+def _gold_answer(gold: Any) -> str:
+    """A gold answer string; a gold that itself contains a box is reduced to its last box."""
+    text = "" if gold is None else str(gold).strip()
+    boxed = extract_boxed(text) if "\\boxed" in text or "\\fbox" in text else None
+    return text if boxed is None else boxed
+
+
+def _prepare(kind: str, completion: Any, gold: Any, max_chars: int | None, max_answer: int | None):
+    """Cheap parent-side step: (final_score | None, status, pred, gold, truncated).
+
+    ``final_score`` is set when no worker is needed (no box, too long, bad gold, exact match).
+    """
+    text, cut = _window_around_last_box(_as_text(completion), max_chars)
+    if kind == "gsm8k":
+        gold_s, pred = gsm8k_gold(gold), _gsm8k_pred(text)
+    else:
+        gold_s, pred = _gold_answer(gold), extract_boxed(text)
+    if not gold_s:
+        return 0.0, "bad_gold", pred, gold_s, cut
+    if not pred:
+        return 0.0, "no_box", pred, gold_s, cut
+    if kind == "boxed_exact":
+        same = "".join(pred.split()) == "".join(gold_s.split())
+        return (1.0 if same else 0.0), "ok", pred, gold_s, cut
+    if max_answer is not None and (len(pred) > max_answer or len(gold_s) > max_answer):
+        return 0.0, "too_long", pred, gold_s, cut
+    return None, "verify", pred, gold_s, cut
+
+
+# --------------------------------------------------------------------------------------------------
+# Worker side
+
+
+class _SoftTimeout(BaseException):
+    """Raised by a worker's SIGALRM handler (a BaseException, so math-verify does not swallow it)."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _SoftTimeout()
+
+
+@functools.lru_cache(maxsize=1)
+def _extraction_config() -> tuple:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+
+
+def _parse_boxed(answer: str) -> list:
+    from math_verify import parse
+
+    return parse("\\boxed{" + answer + "}", extraction_config=_extraction_config(), parsing_timeout=None)
+
+
+_parse_gold = functools.lru_cache(maxsize=4096)(_parse_boxed)  # G rollouts share one gold
+
+
+def _verify_pair(gold: str, pred: str) -> bool:
+    """math-verify equivalence of two answer strings (gold first); no timeout of its own."""
+    from math_verify import verify
+
+    gold_parsed = _parse_gold(gold)
+    pred_parsed = _parse_boxed(pred) if gold_parsed else []
+    return bool(pred_parsed) and bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def _run_job(gold: str, pred: str, soft_limit: float) -> tuple[str, float]:
+    """One check inside a worker: (status, score) with status ok / timeout / error."""
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, soft_limit)
+            ok = _verify_pair(gold, pred)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        return "ok", 1.0 if ok else 0.0
+    except _SoftTimeout:
+        return "timeout", 0.0
+    except Exception:  # noqa: BLE001 - a check never raises; MemoryError, RecursionError included
+        return "error", 0.0
+
+
+def _worker_setup(memory_limit_mb: int | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    signal.signal(signal.SIGALRM, _on_alarm)
+    if memory_limit_mb:
+        try:
+            import resource
+
+            cap = int(memory_limit_mb) * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        except (ImportError, ValueError, OSError):
+            pass
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notices
+    _verify_pair("1", "1")  # import math-verify and its LaTeX parser once, before reporting ready
+
+
+def _worker_main(conn: Any, memory_limit_mb: int | None) -> None:
+    """Worker loop: report ready, then answer (job_id, gold, pred, soft_limit) until None or EOF."""
+    _worker_setup(memory_limit_mb)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        job_id, gold, pred, soft_limit = msg
+        conn.send((job_id, *_run_job(gold, pred, soft_limit)))
+
+
+def _subprocess_entry(fd: int, memory_limit_mb: int | None) -> None:
+    """Entry point of a subprocess worker: ``fd`` is its end of a socket pair."""
+    _worker_main(mp_connection.Connection(fd), memory_limit_mb)
+
+
+# --------------------------------------------------------------------------------------------------
+# Parent side
+
+
+class _Worker:
+    """One killable worker process and its connection."""
+
+    def __init__(self, method: str, memory_limit_mb: int | None) -> None:
+        self.method, self.memory_limit_mb = method, memory_limit_mb
+        self.conn: Any = None
+        self.proc: Any = None
+        self.ready = False
+        self.job: int | None = None
+        self.deadline = 0.0
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        self.ready, self.job, self.started_at = False, None, time.monotonic()
+        if self.method == "subprocess":
+            parent, child = socket.socketpair()
+            src = str(Path(__file__).resolve().parents[1])
+            code = (
+                f"import sys; sys.path.insert(0, {src!r}); from tandem_rlvr.rewards import "
+                f"_subprocess_entry; _subprocess_entry({child.fileno()}, {self.memory_limit_mb!r})"
+            )
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", code], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL
+                )
+            finally:
+                child.close()
+            self.conn = mp_connection.Connection(parent.detach())
+        else:
+            ctx = multiprocessing.get_context(self.method)
+            parent, child = ctx.Pipe(duplex=True)
+            self.proc = ctx.Process(
+                target=_worker_main, args=(child, self.memory_limit_mb), daemon=True, name="tandem-reward"
+            )
+            try:
+                self.proc.start()
+            finally:
+                child.close()
+            self.conn = parent
+
+    def send(self, msg: Any) -> bool:
+        try:
+            self.conn.send(msg)
+            return True
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def kill(self) -> None:
+        """Kill the process (SIGKILL) and reap it; bounded time, never raises."""
+        conn, proc, self.conn, self.proc, self.ready, self.job = self.conn, self.proc, None, None, False, None
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:
+                pass
+        if proc is not None:
+            try:
+                proc.kill()
+                (proc.wait if self.method == "subprocess" else proc.join)(timeout=2.0)
+            except (OSError, ValueError, AssertionError, subprocess.TimeoutExpired):
+                pass
+
+
+def _shutdown_workers(workers: list[_Worker], owner_pid: int) -> None:
+    """Ask workers to exit, wait briefly (≤ 1 s in all), then kill the rest. Never hangs."""
+    if os.getpid() != owner_pid:  # an inherited copy after fork: the workers are not ours
+        return
+    for w in workers:
+        if w.conn is not None and w.job is None:
+            w.send(None)
+    end = time.monotonic() + 1.0
+    for w in workers:
+        if w.proc is not None:
+            try:
+                left = max(0.0, end - time.monotonic())
+                (w.proc.wait if w.method == "subprocess" else w.proc.join)(timeout=left)
+            except (OSError, ValueError, AssertionError, subprocess.TimeoutExpired):
+                pass
+        w.kill()
+
+
+class RewardScorer:
+    """A persistent pool of verifier processes scoring batches under a hard per-check time limit.
+
+    ``reward``: "math", "gsm8k" or "boxed_exact" (the latter needs no worker). ``time_limit``: seconds
+    per check, measured from dispatch to a ready worker (start-up is not charged to a check).
+    ``start_method``: "spawn" (default; "auto" switches to "subprocess" inside daemonic processes),
+    "forkserver" or "subprocess". Thread-safe (calls are serialised); use as a context manager or call
+    :meth:`close`; workers are also reaped at garbage collection and interpreter exit.
+    """
+
+    def __init__(
+        self,
+        reward: str = "math",
+        *,
+        num_workers: int | None = None,
+        time_limit: float = DEFAULT_TIME_LIMIT,
+        max_completion_chars: int | None = MAX_COMPLETION_CHARS,
+        max_answer_chars: int | None = MAX_ANSWER_CHARS,
+        start_method: str = "auto",
+        memory_limit_mb: int | None = MEMORY_LIMIT_MB,
+        start_timeout: float = START_TIMEOUT,
+    ) -> None:
+        self.reward = _check_kind(reward)
+        self.time_limit = _check_limit(time_limit)
+        self.max_completion_chars, self.max_answer_chars = max_completion_chars, max_answer_chars
+        self.start_timeout = float(start_timeout)
+        self.method = _pick_method(start_method)
+        n = num_workers if num_workers is not None else min(4, os.cpu_count() or 1)
+        self._workers = [_Worker(self.method, memory_limit_mb) for _ in range(max(1, int(n)))]
+        self._lock = threading.Lock()
+        self._closed = False
+        self._start_failures = 0
+        self._restarts = 0
+        self.owner_pid = os.getpid()
+        self.totals: Counter = Counter()
+        self._finalizer = weakref.finalize(self, _shutdown_workers, self._workers, self.owner_pid)
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop all workers (bounded time); the scorer cannot be used afterwards."""
+        self._closed = True
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def start(self, wait: bool = True) -> None:
+        """Start the workers now (they otherwise start at the first check); optionally wait until
+        all report ready (bounded by ``start_timeout``)."""
+        with self._lock:
+            for w in self._workers:
+                if w.conn is None:
+                    self._restart(w, counted=False)
+            end = time.monotonic() + self.start_timeout
+            while wait and not all(w.ready or w.conn is None for w in self._workers):
+                if time.monotonic() >= end:
+                    break
+                self._collect([])
+
+    def score(
+        self,
+        completions: Sequence[Any],
+        golds: Sequence[Any],
+        *,
+        reward: str | None = None,
+        time_limit: float | None = None,
+    ) -> tuple[list[float], dict[str, float]]:
+        """Score completions against golds; return (rewards, stats) with ``reward/...`` stats keys.
+
+        Never raises for a bad completion or a hanging check (those score 0 and are counted); raises
+        ``ValueError`` for mismatched lengths or an unknown reward, ``RuntimeError`` once closed.
+        """
+        if len(completions) != len(golds):
+            raise ValueError(f"score: {len(completions)} completions but {len(golds)} golds")
+        kind = _check_kind(reward or self.reward)
+        limit = _check_limit(time_limit if time_limit is not None else self.time_limit)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RewardScorer is closed")
+            t0 = time.perf_counter()
+            rewards, stats = self._score_locked(kind, completions, golds, limit)
+            stats["reward/seconds"] = time.perf_counter() - t0
+        self.totals.update({k: v for k, v in stats.items() if k not in ("reward/mean", "reward/seconds")})
+        return rewards, stats
+
+    def _score_locked(self, kind: str, completions: Sequence[Any], golds: Sequence[Any], limit: float):
+        rewards = [0.0] * len(completions)
+        counts: Counter = Counter({k: 0 for k in ("timeouts", "no_box", "errors", "too_long", "truncated")})
+        pairs: dict[tuple[str, str], list[int]] = {}
+        for i, (comp, gold) in enumerate(zip(completions, golds)):
+            try:
+                final, status, pred, gold_s, cut = _prepare(
+                    kind, comp, gold, self.max_completion_chars, self.max_answer_chars
+                )
+            except Exception:  # noqa: BLE001 - never raise for a bad input
+                final, status, cut = 0.0, "errors", False
+            counts["truncated"] += int(cut)
+            if final is not None:
+                rewards[i] = final
+                counts[status] += status != "ok"
+            else:
+                pairs.setdefault((gold_s, pred), []).append(i)
+        jobs = list(pairs)
+        for (status, value), key in zip(self._run_jobs(jobs, limit), jobs):
+            for i in pairs[key]:
+                rewards[i] = value
+                counts[{"timeout": "timeouts", "error": "errors"}.get(status, "")] += status != "ok"
+        counts.pop("", None)
+        stats = {f"reward/{k}": float(v) for k, v in counts.items()}
+        stats["reward/worker_restarts"], self._restarts = float(self._restarts), 0
+        stats["reward/n"] = float(len(rewards))
+        stats["reward/correct"] = float(sum(r > 0 for r in rewards))
+        stats["reward/mean"] = sum(rewards) / len(rewards) if rewards else 0.0
+        return rewards, stats
+
+    # -- the pool -----------------------------------------------------------------------------------
+
+    def _restart(self, w: _Worker, counted: bool = True) -> None:
+        w.kill()
+        self._restarts += int(counted)
+        if self._closed:
+            return
+        try:
+            w.start()
+        except Exception as e:  # noqa: BLE001 - e.g. no processes allowed; counted as a start failure
+            logger.warning("rewards: could not start a verifier worker: %s", e)
+            w.kill()
+            self._start_failures += 1
+
+    def _run_jobs(self, jobs: list[tuple[str, str]], limit: float) -> list[tuple[str, float]]:
+        """Verify (gold, pred) pairs on the pool; (status, score) per pair; never raises, never hangs."""
+        results: list[tuple[str, float] | None] = [None] * len(jobs)
+        if not jobs:
+            return []
+        for w in self._workers:
+            if w.conn is None:
+                self._restart(w, counted=False)
+        pending = deque(range(len(jobs)))
+        soft = max(0.05, SOFT_LIMIT_FRACTION * limit)
+        while pending or any(w.job is not None for w in self._workers):
+            if self._start_failures > 2 * len(self._workers) or self._closed:
+                logger.error("rewards: verifier workers unavailable; %d checks scored 0", len(pending))
+                break
+            now = time.monotonic()
+            for w in self._workers:
+                if pending and w.ready and w.job is None:
+                    k = pending.popleft()
+                    if w.send((k, jobs[k][0], jobs[k][1], soft)):
+                        w.job, w.deadline = k, now + limit
+                    else:
+                        pending.appendleft(k)
+                        self._restart(w)
+            self._collect(results)
+            self._expire(results)
+        return [r if r is not None else ("error", 0.0) for r in results]
+
+    def _collect(self, results: list) -> None:
+        """Wait until a worker answers, a deadline passes or a start times out; record answers."""
+        live = [w for w in self._workers if w.conn is not None and (w.job is not None or not w.ready)]
+        if not live:
+            if not any(w.conn is not None for w in self._workers):
+                self._start_failures += 1
+                for w in self._workers:
+                    self._restart(w, counted=False)
+            return
+        ends = [w.deadline if w.job is not None else w.started_at + self.start_timeout for w in live]
+        timeout = max(0.0, min(ends) - time.monotonic())
+        by_conn = {id(w.conn): w for w in live}
+        for conn in mp_connection.wait([w.conn for w in live], timeout=timeout):
+            w = by_conn[id(conn)]
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):  # the worker died (e.g. out of memory)
+                if w.job is not None:
+                    results[w.job] = ("error", 0.0)
+                self._restart(w)
+                continue
+            if msg[0] == "ready":
+                w.ready, self._start_failures = True, 0
+            elif w.job is not None and msg[0] == w.job:
+                results[w.job] = (msg[1], msg[2])
+                w.job = None
+
+    def _expire(self, results: list) -> None:
+        now = time.monotonic()
+        for w in self._workers:
+            if w.job is not None and now >= w.deadline:
+                results[w.job] = ("timeout", 0.0)
+                self._restart(w)
+            elif w.conn is not None and not w.ready and now >= w.started_at + self.start_timeout:
+                logger.warning("rewards: a verifier worker did not start within %.0f s", self.start_timeout)
+                self._start_failures += 1
+                self._restart(w, counted=False)
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in REWARD_KINDS:
+        raise ValueError(f"unknown reward {kind!r}; valid: {', '.join(REWARD_KINDS)}")
+    return kind
+
+
+def _check_limit(limit: float) -> float:
+    limit = float(limit)
+    if not (limit > 0 and math.isfinite(limit)):
+        raise ValueError(f"time_limit must be a positive number of seconds, got {limit!r}")
+    return limit
+
+
+def _pick_method(method: str) -> str:
+    if method in (None, "auto"):
+        return "subprocess" if multiprocessing.current_process().daemon else "spawn"
+    if method not in ("spawn", "forkserver", "subprocess"):
+        raise ValueError(f"start_method must be auto, spawn, forkserver or subprocess, got {method!r}")
+    return method
+
+
+# --------------------------------------------------------------------------------------------------
+# Process-wide default scorer and the public reward functions
+
+_DEFAULT: RewardScorer | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def _default_scorer() -> RewardScorer:
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None or _DEFAULT.closed or _DEFAULT.owner_pid != os.getpid():  # fork: not ours
+            _DEFAULT = RewardScorer("math", num_workers=2)
+        return _DEFAULT
+
+
+def _close_default() -> None:
+    if _DEFAULT is not None:
+        _DEFAULT.close()
+
+
+atexit.register(_close_default)
+
+
+def _score_one(kind: str, completion: Any, gold: Any, time_limit: float | None) -> float:
+    # no box etc. is decided in this process; only a real check makes a worker round-trip
+    rewards, _ = _default_scorer().score([completion], [gold], reward=kind, time_limit=time_limit)
+    return rewards[0]
+
+
+def math_reward(completion: Any, gold: Any, *, time_limit: float | None = None, **kwargs: Any) -> float:
+    """1.0 if the last boxed answer of ``completion`` is math-equivalent to ``gold``, else 0.0.
+
+    Equivalence is math-verify's (fractions, decimals, percentages, sets, intervals, ``x=3`` vs ``3``,
+    ``\\dfrac``, units, ``^\\circ``, LaTeX spacing). No box → 0. At most ``time_limit`` seconds
+    (default 2) per check from any thread or process; a timeout scores 0 and is counted in
+    :func:`reward_totals`. Extra keyword arguments (TRL passes prompts, ids, dataset columns) are
+    accepted and ignored. ``completion`` may also be a TRL conversational list of messages.
+    """
+    return _score_one("math", completion, gold, time_limit)
+
+
+def gsm8k_reward(completion: Any, gold: Any, *, time_limit: float | None = None, **kwargs: Any) -> float:
+    """GSM8K reward: gold after ``####`` (commas stripped) vs the last box, or, without a box, the
+    completion's last ``#### N`` line; compared with math-verify under the same time limit. Extra
+    keyword arguments are ignored."""
+    return _score_one("gsm8k", completion, gold, time_limit)
+
+
+def boxed_exact_reward(completion: Any, gold: Any, **kwargs: Any) -> float:
+    """1.0 if the last boxed answer equals ``gold`` (or gold's last box) as strings with all whitespace
+    removed; no math-verify, no worker. Extra keyword arguments are ignored."""
+    return _score_one("boxed_exact", completion, gold, None)
+
+
+REWARD_FNS: dict[str, Callable[..., float]] = {
+    "math": math_reward,
+    "gsm8k": gsm8k_reward,
+    "boxed_exact": boxed_exact_reward,
+}
+
+
+def get_reward_fn(name: str) -> Callable[..., float]:
+    """The reward function registered under ``name`` ("math", "gsm8k", "boxed_exact")."""
+    try:
+        return REWARD_FNS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown reward {name!r}; valid: {', '.join(sorted(REWARD_FNS))}") from None
+
+
+def score_batch(
+    completions: Sequence[Any],
+    golds: Sequence[Any],
+    *,
+    reward: str = "math",
+    time_limit: float | None = None,
+) -> tuple[list[float], dict[str, float]]:
+    """Score a batch on the shared process-wide pool; see :meth:`RewardScorer.score`."""
+    return _default_scorer().score(completions, golds, reward=reward, time_limit=time_limit)
+
+
+def reward_totals() -> dict[str, float]:
+    """Cumulative ``reward/...`` counters of the shared scorer (used by the single-call rewards)."""
+    return dict(_DEFAULT.totals) if _DEFAULT is not None else {}

@@ -1,0 +1,446 @@
+"""The training loop, and nothing else: rollout → reward → old log-probs → PPO updates → log → save.
+
+The formulas live in :mod:`tandem_rlvr.core`; the arms differ only in three choices made in
+:func:`arm_plan`: the rollout schedule, the loss mask and the KL weight. Every step's randomness
+(data order, sampling, handoff coins) is a pure function of ``(train.seed, step)``, so a resumed
+run continues exactly where an uninterrupted one would be.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tandem_rlvr import checkpoint as ckpt_mod
+from tandem_rlvr import core
+from tandem_rlvr.config import Config, save_config
+from tandem_rlvr.handoff import make_schedule
+from tandem_rlvr.io import append_jsonl, read_jsonl
+from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts, generate
+
+log = logging.getLogger(__name__)
+
+
+class TandemError(RuntimeError):
+    """A run that must stop rather than train the wrong thing (fails closed)."""
+
+
+@dataclass(frozen=True)
+class ArmPlan:
+    """What distinguishes the arms: rollout schedule, which tokens are trained, KL weight."""
+
+    schedule: str
+    mask_owner: bool
+    kl_beta: float
+
+
+def arm_plan(cfg: Config) -> ArmPlan:
+    """trlvr: tandem rollouts, senior tokens only; grpo: solo, all tokens; kl_reg: solo + β·KL."""
+    a = cfg.algo
+    if a.arm == "trlvr":
+        return ArmPlan(cfg.handoff.schedule, True, 0.0)
+    if a.arm == "grpo":
+        return ArmPlan("none", False, 0.0)
+    if a.arm == "kl_reg":
+        return ArmPlan("none", False, a.kl_beta)
+    raise ValueError(f"unknown arm {a.arm!r}")
+
+
+def loss_mask(rollout: Rollout, plan: ArmPlan) -> torch.Tensor:
+    """``response_mask * owner`` for tandem arms, ``response_mask`` otherwise; fails closed."""
+    mask = rollout.response_mask_BT.float()
+    if not plan.mask_owner:
+        return mask
+    if rollout.owner_BT is None:
+        raise TandemError("the trlvr arm needs ownership records, but the rollout has none")
+    if rollout.owner_BT.shape != mask.shape:
+        raise TandemError(f"ownership mask shape {tuple(rollout.owner_BT.shape)} != response shape {tuple(mask.shape)}")
+    masked = mask * rollout.owner_BT.float()
+    if masked.sum() == 0:
+        raise TandemError("the ownership mask selects no senior token in this step; refusing to train")
+    return masked
+
+
+def check_senior_frac(frac: float, cfg: Config) -> None:
+    """Stop when a tandem step's senior token share leaves the configured band."""
+    lo, hi = cfg.senior_band()
+    if not lo <= frac <= hi:
+        raise TandemError(
+            f"senior token fraction {frac:.3f} is outside algo.senior_frac_band [{lo:.2f}, {hi:.2f}] "
+            f"(handoff.schedule={cfg.handoff.schedule}, p={cfg.handoff.p}); the handoff is not doing what the config says"
+        )
+
+
+def sequence_logps(model, rollout: Rollout, temperature: float, micro: int = 0, rows=None) -> torch.Tensor:
+    """Log-probs of the response tokens under ``model`` (one forward over prompt + response)."""
+    rows = torch.arange(rollout.batch_size) if rows is None else rows
+    out = []
+    step = micro or len(rows)
+    for i in range(0, len(rows), step):
+        out.append(_forward_logps(model, rollout, rows[i:i + step], temperature))
+    return torch.cat(out)
+
+
+def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows]
+    r_ids, r_mask = rollout.response_ids_BT[rows], rollout.response_mask_BT[rows]
+    ids = torch.cat([p_ids, r_ids], 1)
+    mask = torch.cat([p_mask.long(), r_mask.long()], 1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    P, T = p_ids.shape[1], r_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+    return core.token_logps(logits[:, P - 1:P + T - 1], r_ids, temperature=temperature)
+
+
+class Trainer:
+    """Holds the models, optimiser and data of one run; :meth:`train` runs it to the end."""
+
+    def __init__(self, cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False):
+        from accelerate import Accelerator
+
+        from tandem_rlvr.models import eos_ids, load_pair
+
+        self.cfg = cfg
+        self.run_dir = Path(cfg.train.out_dir)
+        self._prepare_run_dir(restart)
+        self.plan = arm_plan(cfg)
+        self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir))
+        _seed_everything(cfg.train.seed)
+        self.pair = pair if pair is not None else load_pair(cfg.model)
+        self.tok = self.pair.tokenizer
+        self.eos = eos_ids(self.tok, self.pair.senior)
+        self.examples = examples if examples is not None else _load_train(cfg)
+        self.prompts, self.prompt_example = _encode_prompts(self.tok, self.examples, cfg.rollout.max_prompt_tokens)
+        self.reward_fn = reward_fn
+        self.schedule = make_schedule(self.plan.schedule, self.tok, p=cfg.handoff.p, max_gap=cfg.handoff.max_gap,
+                                      chunk_size=cfg.handoff.chunk_size,
+                                      vocab_size=self.pair.senior.get_output_embeddings().weight.shape[0])
+        params = [p for p in self.pair.senior.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
+        warm = max(cfg.algo.warmup_steps, 0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        self.senior, self.opt = self.acc.prepare(self.pair.senior, self.opt)
+        self.junior = self.pair.junior
+        if hasattr(self.junior, "to"):
+            self.junior.to(self.acc.device)
+        self.step = 0
+        self.nonfinite_run = 0
+        self.best = {"val": None, "step": None}
+
+    # -- run directory and resume -------------------------------------------------------------
+    def _prepare_run_dir(self, restart: bool) -> None:
+        d = self.run_dir
+        if restart and d.exists():
+            shutil.rmtree(d)
+        has_run = (d / "metrics.jsonl").exists() or (d / "checkpoints").exists()
+        self.resume_from = ckpt_mod.latest_checkpoint(d) if has_run else None
+        if has_run and self.resume_from is None and (d / "metrics.jsonl").exists() and read_jsonl(d / "metrics.jsonl"):
+            raise TandemError(
+                f"run directory {str(d)!r} holds metrics but no complete checkpoint to resume from; "
+                "pass --restart to start over or choose another train.out_dir"
+            )
+        d.mkdir(parents=True, exist_ok=True)
+        save_config(self.cfg, d / "config.yaml")
+
+    def _resume(self) -> None:
+        if self.resume_from is None:
+            (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            return
+        state = ckpt_mod.load_checkpoint(self.resume_from, model=self.acc.unwrap_model(self.senior),
+                                         optimizer=self.opt, scheduler=self.sched)
+        self.step = int(state["step"])
+        self.nonfinite_run = int(state.get("nonfinite_run", 0))
+        self.best = state.get("best", self.best)
+        rows = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r.get("step", 0) <= self.step]
+        from tandem_rlvr.io import atomic_write_text
+        import json
+
+        atomic_write_text(self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        log.info("resumed from %s at step %d", self.resume_from, self.step)
+
+    # -- one step -------------------------------------------------------------------------------
+    def _step_prompts(self, step: int) -> list[int]:
+        """Indices of this step's prompts: epoch-wise seeded permutations, a pure function of step."""
+        n, k = len(self.prompts), self.cfg.train.prompts_per_step
+        start = step * k
+        out = []
+        while len(out) < k:
+            epoch, offset = divmod(start + len(out), n)
+            perm = np.random.default_rng([self.cfg.train.seed, epoch]).permutation(n)
+            out.extend(perm[offset:offset + k - len(out)].tolist())
+        return out
+
+    def rollout(self, step: int) -> tuple[Rollout, list[int]]:
+        """Generate ``group_size`` responses for each of this step's prompts."""
+        cfg, G = self.cfg, self.cfg.algo.group_size
+        idx = [i for i in self._step_prompts(step) for _ in range(G)]
+        enc = self.tok.pad({"input_ids": [self.prompts[i] for i in idx]}, return_tensors="pt", padding=True)
+        ids, mask = enc["input_ids"].to(self.acc.device), enc["attention_mask"].to(self.acc.device)
+        sampling = Sampling(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
+        chunk = cfg.rollout.batch_size or len(idx)
+        senior = self.acc.unwrap_model(self.senior)
+        senior.eval()
+        parts = []
+        for c in range(0, len(idx), chunk):
+            parts.append(generate(
+                senior, self.junior, ids[c:c + chunk], mask[c:c + chunk], self.schedule, sampling,
+                eos_token_ids=self.eos, pad_token_id=self.tok.pad_token_id,
+                seed=_step_seed(cfg.train.seed, step) + c, record_junior=self.plan.schedule != "none",
+            ))
+        return concat_rollouts(parts, self.tok.pad_token_id), idx
+
+    def rewards(self, rollout: Rollout, idx: list[int]) -> tuple[torch.Tensor, dict]:
+        """Score every co-written response against its gold answer."""
+        texts = rollout.texts(self.tok)
+        golds = [self.examples[self.prompt_example[i]].answer for i in idx]
+        if self.reward_fn is not None:
+            vals = [float(self.reward_fn(t, g)) for t, g in zip(texts, golds)]
+            return torch.tensor(vals), {}
+        vals, stats = self.scorer.score(texts, golds)
+        return torch.tensor(vals, dtype=torch.float), stats
+
+    def update(self, rollout: Rollout, adv_B: torch.Tensor, step: int) -> dict:
+        """PPO mini-batch updates on this step's rollouts; returns averaged metrics."""
+        cfg, plan, G = self.cfg, self.plan, self.cfg.algo.group_size
+        senior = self.acc.unwrap_model(self.senior)
+        temp = cfg.rollout.temperature
+        with torch.no_grad():
+            senior.eval()
+            old = sequence_logps(senior, rollout, temp, cfg.algo.micro_batch)
+            junior_lp = rollout.junior_logps_BT
+            if junior_lp is None and (plan.kl_beta > 0 or self.junior is not None):
+                junior_lp = sequence_logps(self.junior, rollout, temp, cfg.algo.micro_batch)
+        mask = loss_mask(rollout, plan)
+        metrics = _drift_metrics(old, junior_lp, rollout)
+        senior.train()
+        mb = cfg.algo.mini_batch_prompts * G
+        n_groups = rollout.batch_size // G
+        gen = torch.Generator().manual_seed(_step_seed(cfg.train.seed, step) + 7)
+        acc_metrics: list[dict] = []
+        for _ in range(cfg.algo.ppo_epochs):
+            order = torch.randperm(n_groups, generator=gen)
+            rows_all = (order[:, None] * G + torch.arange(G)).reshape(-1)
+            for m in range(0, rollout.batch_size, mb):
+                acc_metrics.append(self._minibatch(rollout, rows_all[m:m + mb], old, junior_lp, adv_B, mask))
+        for k in set().union(*acc_metrics):
+            metrics[k] = float(np.mean([a[k] for a in acc_metrics if k in a]))
+        metrics["train/lr"] = self.sched.get_last_lr()[0]
+        return metrics
+
+    def _minibatch(self, rollout, rows, old, junior_lp, adv_B, mask) -> dict:
+        cfg, plan = self.cfg, self.plan
+        m_rows = mask[rows]
+        n_tok = float(m_rows.sum())
+        max_len = int(rollout.response_mask_BT[rows].sum(-1).max())
+        micro = cfg.algo.micro_batch or len(rows)
+        self.opt.zero_grad(set_to_none=True)
+        parts = []
+        for i in range(0, len(rows), micro):
+            r = rows[i:i + micro]
+            if mask[r].sum() == 0:  # no senior token here: contributes exactly zero in every mode
+                continue
+            logps = sequence_logps(self.senior, rollout, cfg.rollout.temperature, rows=r)
+            loss, met = core.policy_loss(
+                logps, old[r], adv_B[r], mask[r], loss_type=cfg.algo.loss_type, clip_eps=cfg.algo.clip_eps,
+                clip_eps_high=cfg.algo.clip_eps_high, kl_beta=plan.kl_beta,
+                ref_logps_BT=junior_lp[r] if plan.kl_beta > 0 else None,
+                num_tokens=n_tok, max_len=max_len,
+            )
+            weight = 1.0 if cfg.algo.loss_type in ("dapo", "token_mean") else len(r) / len(rows)
+            self.acc.backward(loss * weight)
+            parts.append({k: _num(v) for k, v in met.items()} | {"train/loss": _num(loss) * weight})
+        if not parts:
+            return {"train/loss": 0.0, "train/grad_norm": 0.0}
+        grad_norm = self._clip_and_step()
+        out = {k: float(np.mean([p[k] for p in parts])) for k in parts[0] if k != "train/loss"}
+        out["train/loss"] = float(sum(p["train/loss"] for p in parts))
+        out["train/grad_norm"] = grad_norm
+        return out
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.senior.parameters() if p.requires_grad]
+        max_norm = self.cfg.algo.max_grad_norm or float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not math.isfinite(norm):
+            self.opt.zero_grad(set_to_none=True)
+            self.nonfinite_run += 1
+            log.warning("non-finite gradient (norm=%s): update skipped (%d in a row)", norm, self.nonfinite_run)
+            return norm
+        self.nonfinite_run = 0
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return norm
+
+    def train_step(self, step: int) -> dict:
+        """One full step; returns its metrics row."""
+        t0 = time.perf_counter()
+        rollout, idx = self.rollout(step)
+        t1 = time.perf_counter()
+        frac = rollout.senior_token_frac()
+        if self.plan.mask_owner:
+            check_senior_frac(frac, self.cfg)
+        rewards, rstats = self.rewards(rollout, idx)
+        adv, ametrics = core.group_advantages(rewards, self.cfg.algo.group_size, normalize_std=self.cfg.algo.normalize_std)
+        t2 = time.perf_counter()
+        metrics = self.update(rollout, adv, step)
+        self.sched.step()
+        t3 = time.perf_counter()
+        row = {"step": step + 1, **{k: float(v) for k, v in ametrics.items()}, **rstats, **metrics}
+        row.update({
+            "rollout/senior_token_frac": frac,
+            "rollout/response_len": float(rollout.response_mask_BT.sum(-1).float().mean()),
+            "rollout/rounds_mean": float(rollout.rounds_B.float().mean()),
+            "rollout/finished_frac": float(rollout.finished_B.float().mean()),
+            "train/nonfinite_run": self.nonfinite_run,
+            "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2, "time/step_s": t3 - t0,
+        })
+        return row
+
+    # -- the loop -------------------------------------------------------------------------------
+    def train(self) -> Path:
+        """Run (or resume) to ``train.steps``; returns the ``final/`` directory."""
+        from tqdm.auto import tqdm
+
+        self._resume()
+        cfg = self.cfg
+        if self.acc.is_main_process and cfg.train.trackers:
+            self.acc.init_trackers("tandem-rlvr", config=cfg.to_dict())
+        bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"train {cfg.algo.arm}",
+                   disable=not (cfg.train.progress and self.acc.is_main_process), dynamic_ncols=True)
+        with self._scorer() as scorer:
+            self.scorer = scorer
+            while self.step < cfg.train.steps:
+                row = self.train_step(self.step)
+                self.step += 1
+                self._after_step(row)
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward/mean']:.3f}", senior=f"{row['rollout/senior_token_frac']:.2f}")
+        bar.close()
+        return self._finish()
+
+    def _scorer(self):
+        if self.reward_fn is not None:
+            return _Null()
+        from tandem_rlvr.rewards import RewardScorer
+
+        c = self.cfg.data
+        return RewardScorer(c.reward, timeout_s=c.reward_timeout_s, num_workers=c.reward_workers)
+
+    def _after_step(self, row: dict) -> None:
+        cfg = self.cfg
+        if cfg.val.every and self.step % cfg.val.every == 0:
+            row.update(self.validate())
+        if self.acc.is_main_process:
+            append_jsonl(self.run_dir / "metrics.jsonl", row)
+            if cfg.train.trackers:
+                self.acc.log(row, step=self.step)
+        if self.nonfinite_run >= cfg.train.max_nonfinite:
+            self.save()
+            raise TandemError(f"{self.nonfinite_run} non-finite updates in a row at step {self.step}; "
+                              f"stopped with a checkpoint in {self.run_dir / 'checkpoints'}")
+        if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
+            self.save()
+
+    def validate(self) -> dict:
+        """Solo validation of the senior (as the paper does); tracks the best checkpoint."""
+        from tandem_rlvr.evaluate import validate as run_val
+
+        cfg = self.cfg
+        metrics = run_val(self.acc.unwrap_model(self.senior), self.tok, cfg, step=self.step)
+        key = "val/pass@1"
+        if key in metrics and (self.best["val"] is None or metrics[key] > self.best["val"]):
+            self.best = {"val": metrics[key], "step": self.step}
+            if self.acc.is_main_process:
+                ckpt_mod.save_model(self.acc.unwrap_model(self.senior), self.tok, self.run_dir / "best")
+        return metrics
+
+    def save(self) -> Path | None:
+        """Checkpoint the current step (main process only)."""
+        if not self.acc.is_main_process:
+            return None
+        return ckpt_mod.save_checkpoint(
+            self.run_dir, self.step, model=self.acc.unwrap_model(self.senior), tokenizer=self.tok,
+            optimizer=self.opt, scheduler=self.sched, keep_last=self.cfg.train.keep_last,
+            trainer_state={"nonfinite_run": self.nonfinite_run, "best": self.best, "arm": self.cfg.algo.arm},
+        )
+
+    def _finish(self) -> Path:
+        self.acc.wait_for_everyone()
+        final = self.run_dir / "final"
+        if self.acc.is_main_process:
+            if self.cfg.train.save_every:
+                self.save()
+            ckpt_mod.save_model(self.acc.unwrap_model(self.senior), self.tok, final)
+        if self.cfg.train.trackers:
+            self.acc.end_training()
+        return final
+
+
+def _num(v) -> float:
+    return float(v.detach()) if torch.is_tensor(v) else float(v)
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _drift_metrics(old_BT: torch.Tensor, junior_BT: torch.Tensor | None, rollout: Rollout) -> dict:
+    if junior_BT is None:
+        return {}
+    sm = rollout.response_mask_BT.float() * rollout.owner_BT.float()
+    n = sm.sum().clamp(min=1)
+    diff = (old_BT - junior_BT) * sm
+    return {"kl/senior_junior": float(diff.sum() / n),
+            "kl/senior_junior_k3": float((core.k3_kl(old_BT, junior_BT) * sm).sum() / n)}
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (int(seed) * 1_000_003 + int(step) * 7919) % (2**31 - 1)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _load_train(cfg: Config):
+    from tandem_rlvr.data import load_examples
+
+    return load_examples(cfg.data.train, cfg.data.train_split, problem_key=cfg.data.problem_key,
+                         answer_key=cfg.data.answer_key)
+
+
+def _encode_prompts(tok, examples, max_prompt_tokens: int) -> tuple[list[list[int]], list[int]]:
+    from tandem_rlvr.data import render_prompt
+
+    ids, keep = [], []
+    texts = [render_prompt(tok, ex.problem) for ex in examples]
+    enc = tok(texts, add_special_tokens=False)["input_ids"]
+    for i, e in enumerate(enc):
+        if len(e) <= max_prompt_tokens:
+            ids.append(e)
+            keep.append(i)
+    skipped = len(examples) - len(keep)
+    if skipped:
+        log.warning("data: skipped %d of %d prompts longer than rollout.max_prompt_tokens=%d", skipped, len(examples), max_prompt_tokens)
+    if not ids:
+        raise TandemError(f"no training prompt fits rollout.max_prompt_tokens={max_prompt_tokens}")
+    return ids, keep
+
+
+def train(cfg: Config, *, restart: bool = False, **kw) -> Path:
+    """Train one run from a config; resumes from the newest checkpoint of ``train.out_dir``."""
+    return Trainer(cfg, restart=restart, **kw).train()

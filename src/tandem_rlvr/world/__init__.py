@@ -1,0 +1,1 @@
+"""The built-in arithmetic world: problem generator, local tokenizer, warm-started models."""

@@ -1,0 +1,95 @@
+"""Small probes of the warm-started world models: batched completion and accuracy by length and style.
+
+This is a self-contained sanity harness for the world (used by its tests and build report), not the
+library's rollout engine: it uses ``model.generate`` with left padding.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from tandem_rlvr.world.problems import (
+    Problem,
+    generate_split,
+    is_correct,
+    is_jargon,
+    jargon_steps,
+    plain_steps,
+    render_prompt,
+)
+
+
+@torch.no_grad()
+def complete(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    temperature: float = 0.0,
+    max_new_tokens: int = 96,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> list[str]:
+    """Continue each prompt string (greedy when ``temperature == 0``); return the new text only."""
+    torch.manual_seed(seed)
+    tokenizer.padding_side = "left"
+    out: list[str] = []
+    for i in range(0, len(prompts), batch_size):
+        enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        sampling = {"do_sample": False}
+        if temperature > 0:
+            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        gen = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **sampling,
+        )
+        out += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return out
+
+
+def probe_problems(n_ops: int, count: int, seed: int = 0) -> list[Problem]:
+    """``count`` held-out problems (from the test buckets) with exactly ``n_ops`` operations."""
+    pool = [p for p in generate_split("test") + generate_split("test_hard") if len(p.ops) == n_ops]
+    if len(pool) < count:
+        from tandem_rlvr.world.problems import SPLIT_SPECS, generate_problem, in_buckets
+
+        rng = random.Random(seed + 31 * n_ops)
+        while len(pool) < count:
+            p = generate_problem(rng, n_ops)
+            if in_buckets(p, SPLIT_SPECS["test"]["buckets"]):
+                pool.append(p)
+    return pool[:count]
+
+
+@dataclass
+class ProbeResult:
+    """Accuracy and jargon rate of one probe."""
+
+    accuracy: float
+    jargon_rate: float
+    texts: list[str]
+
+
+def solo_probe(model, tokenizer, problems: list[Problem], temperature: float = 0.0, seed: int = 0) -> ProbeResult:
+    """The model alone on ``problems``: accuracy and share of jargon chains."""
+    prompts = [render_prompt(tokenizer, p.text) for p in problems]
+    texts = complete(model, tokenizer, prompts, temperature=temperature, seed=seed)
+    acc = sum(is_correct(t, p.answer) for t, p in zip(texts, problems)) / len(problems)
+    return ProbeResult(acc, sum(map(is_jargon, texts)) / len(texts), texts)
+
+
+def continuation_probe(
+    model, tokenizer, problems: list[Problem], style: str, temperature: float = 0.0, seed: int = 0
+) -> float:
+    """Accuracy of ``model`` continuing after the gold first step written in ``style`` (plain/jargon)."""
+    first = {"plain": plain_steps, "jargon": jargon_steps}[style]
+    prefixes = [first(p)[0] for p in problems]
+    prompts = [render_prompt(tokenizer, p.text) + pre for p, pre in zip(problems, prefixes)]
+    texts = complete(model, tokenizer, prompts, temperature=temperature, seed=seed)
+    return sum(is_correct(pre + t, p.answer) for pre, t, p in zip(prefixes, texts, problems)) / len(problems)

@@ -1,0 +1,348 @@
+"""Procedurally generated multi-step arithmetic word problems and their two solution styles.
+
+A problem is a start value followed by a chain of 2–8 operations (add/subtract a small number,
+double, triple, halve), phrased in one of a few short English framings. Every intermediate value
+stays in ``[0, MAX_VALUE]`` so that each number is a single token of the world tokenizer.
+
+Two solution styles are taught to the warm-started models:
+
+* **plain** — one operation per ``\\n\\n``-separated step, each intermediate result written out
+  in full (``12 * 2 = 24.``), then ``The answer is \\boxed{..}.`` The junior only ever sees this.
+* **jargon** — calculator-style annotations that drop the restated left operand and pack two
+  operations per step (``<<+5=12>> <<*2=24>>``), then a bare ``\\boxed{..}``. Shorter, and
+  foreign to the junior: a junior that picks up after a jargon step has lost track of the chain.
+
+Splits are assigned by a hash of the problem's arithmetic (start value and operation chain), so the
+train / val / test / test_hard splits, and the SFT stream (train bucket only), never share a chain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+MAX_VALUE = 60
+MIN_OPS, MAX_OPS = 2, 8
+INSTRUCTION = (
+    " Solve the following math problem step by step. Put your final answer inside \\boxed{}, "
+    "like \\boxed{42} or \\boxed{\\frac{1}{2}}."
+)
+
+# Operation kinds: (symbol, operand) with symbol in + - * /; the operand of * and / is fixed per kind.
+OP_WEIGHTS = {"add": 0.34, "sub": 0.30, "double": 0.14, "triple": 0.06, "halve": 0.16}
+
+# Framings: opening sentence, one sentence per op kind, closing question. {x}=start, {b}=operand.
+FRAMES: list[dict[str, Any]] = [
+    {
+        "start": ["{name} has {x} {item}."],
+        "add": ["{pron} gets {b} more.", "{pron} finds {b} more."],
+        "sub": ["{pron} gives away {b}.", "{pron} loses {b}."],
+        "double": ["{pron} doubles them."],
+        "triple": ["{pron} triples them."],
+        "halve": ["{pron} gives away half."],
+        "end": ["How many {item} does {name} have now?"],
+    },
+    {
+        "start": ["Start with {x}."],
+        "add": ["Add {b}.", "Increase it by {b}."],
+        "sub": ["Subtract {b}.", "Take away {b}."],
+        "double": ["Double it."],
+        "triple": ["Triple it."],
+        "halve": ["Halve it."],
+        "end": ["What is the result?"],
+    },
+    {
+        "start": ["I think of {x}."],
+        "add": ["I add {b}."],
+        "sub": ["I subtract {b}."],
+        "double": ["I multiply it by 2."],
+        "triple": ["I multiply it by 3."],
+        "halve": ["I divide it by 2."],
+        "end": ["What number do I get?"],
+    },
+]
+NAMES = [("Ann", "She"), ("Tom", "He"), ("Mia", "She"), ("Sam", "He"), ("Eva", "She"), ("Max", "He")]
+ITEMS = ["apples", "coins", "cards", "stamps", "books", "eggs"]
+SYMBOL = {"add": "+", "sub": "-", "double": "*", "triple": "*", "halve": "/"}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a chain: ``kind`` in OP_WEIGHTS, ``operand`` the number it applies."""
+
+    kind: str
+    operand: int
+
+    @property
+    def symbol(self) -> str:
+        """The arithmetic symbol written in solutions (+, -, *, /)."""
+        return SYMBOL[self.kind]
+
+    def apply(self, x: int) -> int:
+        """The value after applying this operation to ``x``."""
+        if self.kind == "add":
+            return x + self.operand
+        if self.kind == "sub":
+            return x - self.operand
+        if self.kind in ("double", "triple"):
+            return x * self.operand
+        return x // self.operand
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A generated problem: its text, the integer answer, the start value and the op chain."""
+
+    text: str
+    answer: int
+    start: int
+    ops: tuple[Op, ...]
+
+    @property
+    def values(self) -> list[int]:
+        """The running values after each operation (the last one is the answer)."""
+        out, x = [], self.start
+        for op in self.ops:
+            x = op.apply(x)
+            out.append(x)
+        return out
+
+    @property
+    def signature(self) -> str:
+        """The problem's arithmetic, independent of wording (used for split assignment)."""
+        return f"{self.start}|" + ",".join(f"{o.symbol}{o.operand}" for o in self.ops)
+
+
+def _valid_ops(x: int) -> list[Op]:
+    """All operations that keep the running value inside ``[0, MAX_VALUE]`` (halving needs even)."""
+    ops = [Op("add", b) for b in range(1, 10) if x + b <= MAX_VALUE]
+    ops += [Op("sub", b) for b in range(1, 10) if x - b >= 0]
+    if 2 <= x * 2 <= MAX_VALUE:
+        ops.append(Op("double", 2))
+    if 3 <= x * 3 <= MAX_VALUE:
+        ops.append(Op("triple", 3))
+    if x >= 2 and x % 2 == 0:
+        ops.append(Op("halve", 2))
+    return ops
+
+
+def _sample_op(rng: random.Random, x: int) -> Op:
+    """Draw a kind by OP_WEIGHTS among the valid ones, then a valid operand uniformly."""
+    valid = _valid_ops(x)
+    kinds = sorted({o.kind for o in valid}, key=list(OP_WEIGHTS).index)
+    kind = rng.choices(kinds, weights=[OP_WEIGHTS[k] for k in kinds])[0]
+    return rng.choice([o for o in valid if o.kind == kind])
+
+
+def generate_problem(rng: random.Random, n_ops: int) -> Problem:
+    """Generate one problem with ``n_ops`` operations, deterministically from ``rng``'s state."""
+    if n_ops < 1:
+        raise ValueError("n_ops must be >= 1")
+    frame = rng.choice(FRAMES)
+    name, pron = rng.choice(NAMES)
+    item = rng.choice(ITEMS)
+    x = start = rng.randint(2, 20)
+    ops: list[Op] = []
+    for _ in range(n_ops):
+        op = _sample_op(rng, x)
+        ops.append(op)
+        x = op.apply(x)
+    fill = {"name": name, "pron": pron, "item": item}
+    parts = [rng.choice(frame["start"]).format(x=start, **fill)]
+    parts += [rng.choice(frame[op.kind]).format(b=op.operand, **fill) for op in ops]
+    parts.append(rng.choice(frame["end"]).format(**fill))
+    return Problem(text=" ".join(parts), answer=x, start=start, ops=tuple(ops))
+
+
+def plain_steps(problem: Problem) -> list[str]:
+    """The plain-style steps, each ending with ``\\n\\n``; the last is the boxed answer line."""
+    steps, x = [], problem.start
+    for op in problem.ops:
+        y = op.apply(x)
+        steps.append(f"{x} {op.symbol} {op.operand} = {y}.\n\n")
+        x = y
+    steps.append(f"The answer is \\boxed{{{x}}}.")
+    return steps
+
+
+def jargon_steps(problem: Problem) -> list[str]:
+    """The jargon-style steps: two ``<<op=result>>`` annotations per step, then a bare box."""
+    notes, x = [], problem.start
+    for op in problem.ops:
+        x = op.apply(x)
+        notes.append(f"<<{op.symbol}{op.operand}={x}>>")
+    steps = [" ".join(notes[i : i + 2]) + "\n\n" for i in range(0, len(notes), 2)]
+    steps.append(f"\\boxed{{{x}}}")
+    return steps
+
+
+def plain_solution(problem: Problem) -> str:
+    """A plain step-by-step solution: one op per step, every intermediate result written out."""
+    return "".join(plain_steps(problem))
+
+
+def jargon_solution(problem: Problem) -> str:
+    """A compressed calculator-style solution the junior never sees in training."""
+    return "".join(jargon_steps(problem))
+
+
+# ----------------------------------------------------------------------------------------- splits
+
+SPLIT_SPECS: dict[str, dict[str, Any]] = {
+    # name: size, chain lengths, hash bucket range (of 100), generator seed
+    "train": {"size": 2000, "ops": (2, 6), "buckets": (10, 100), "seed": 1001},
+    "val": {"size": 64, "ops": (2, 6), "buckets": (0, 3), "seed": 1002},
+    "test": {"size": 128, "ops": (2, 6), "buckets": (3, 10), "seed": 1003},
+    "test_hard": {"size": 64, "ops": (7, 8), "buckets": (3, 10), "seed": 1004},
+}
+
+
+def split_bucket(problem: Problem) -> int:
+    """A stable bucket in ``[0, 100)`` from the problem's arithmetic signature."""
+    digest = hashlib.sha256(problem.signature.encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 100
+
+
+def in_buckets(problem: Problem, buckets: tuple[int, int]) -> bool:
+    """Whether the problem's bucket lies in ``[lo, hi)``."""
+    lo, hi = buckets
+    return lo <= split_bucket(problem) < hi
+
+
+def generate_split(split: str) -> list[Problem]:
+    """The problems of a split, deterministic, unique by signature, from the split's bucket range."""
+    if split not in SPLIT_SPECS:
+        raise ValueError(f"unknown split {split!r}; choose from {sorted(SPLIT_SPECS)}")
+    spec = SPLIT_SPECS[split]
+    rng = random.Random(spec["seed"])
+    lo, hi = spec["ops"]
+    seen: set[str] = set()
+    out: list[Problem] = []
+    while len(out) < spec["size"]:
+        p = generate_problem(rng, rng.randint(lo, hi))
+        if in_buckets(p, spec["buckets"]) and p.signature not in seen:
+            seen.add(p.signature)
+            out.append(p)
+    return out
+
+
+def load_split(split: str) -> list:
+    """The split as ``tandem_rlvr.data.Example`` records (id, problem text, answer string)."""
+    example_cls = _example_class()
+    return [
+        example_cls(id=f"arith-{split}-{i:05d}", problem=p.text, answer=str(p.answer))
+        for i, p in enumerate(generate_split(split))
+    ]
+
+
+@dataclass(frozen=True)
+class _FallbackExample:
+    """Stand-in with the fields of ``tandem_rlvr.data.Example``, used only if that module is absent."""
+
+    id: str
+    problem: str
+    answer: str
+
+
+def _example_class() -> type:
+    """``tandem_rlvr.data.Example`` when importable, else a field-compatible fallback."""
+    try:
+        from tandem_rlvr.data import Example
+    except ImportError:
+        return _FallbackExample
+    return Example
+
+
+def sft_problems(seed: int, n_ops_range: tuple[int, int] = (MIN_OPS, MAX_OPS)):
+    """An endless stream of (n_ops, Problem) for supervised warm starts, train bucket only."""
+    rng = random.Random(seed)
+    lo, hi = n_ops_range
+    buckets = SPLIT_SPECS["train"]["buckets"]
+    while True:
+        n = rng.randint(lo, hi)
+        p = generate_problem(rng, n)
+        if in_buckets(p, buckets):
+            yield n, p
+
+
+def render_prompt(tokenizer, problem_text: str) -> str:
+    """The library prompt: one user turn (problem + INSTRUCTION) with the chat template's generation prompt."""
+    messages = [{"role": "user", "content": problem_text + INSTRUCTION}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# ------------------------------------------------------------------------- styles and grading
+
+_JARGON_NOTE = re.compile(r"<<\s*[-+*/]\s*\d+\s*=\s*\d+\s*>>")
+_PLAIN_STEP = re.compile(r"\d+\s*[-+*/]\s*\d+\s*=\s*\d+")
+
+
+def style_counts(text: str) -> tuple[int, int]:
+    """(plain operations, jargon annotations) written in ``text``."""
+    jargon = len(_JARGON_NOTE.findall(text))
+    plain = len(_PLAIN_STEP.findall(_JARGON_NOTE.sub(" ", text)))
+    return plain, jargon
+
+
+def is_jargon(text: str) -> bool:
+    """Whether a chain is in the compressed style: it has jargon annotations, at least as many as plain steps."""
+    plain, jargon = style_counts(text)
+    return jargon > 0 and jargon >= plain
+
+
+def jargon_rate(texts) -> float:
+    """Share of ``texts`` written in the compressed (jargon) style; 0.0 for an empty list."""
+    texts = list(texts)
+    return sum(is_jargon(t) for t in texts) / len(texts) if texts else 0.0
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (balanced braces), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j].strip()
+    return None
+
+
+def is_correct(completion: str, answer: str | int) -> bool:
+    """Exact integer check of the last boxed answer (an independent, math-verify-free grader)."""
+    got = extract_boxed(completion)
+    if got is None or not re.fullmatch(r"-?\d+", got):
+        return False
+    return int(got) == int(answer)
+
+
+_START_RULES = [r"has (\d+) ", r"Start with (\d+)", r"think of (\d+)"]
+_OP_RULES: list[tuple[str, Any]] = [
+    (r"(?:gets|finds|Add|Increase it by|I add) (\d+)", lambda x, b: x + b),
+    (r"(?:gives away|loses|Subtract|Take away|subtract) (\d+)", lambda x, b: x - b),
+    (r"(?:doubles|Double|multiply it by 2)", lambda x, b: 2 * x),
+    (r"(?:triples|Triple|multiply it by 3)", lambda x, b: 3 * x),
+    (r"(?:away half|Halve|divide it by 2)", lambda x, b: x // 2),
+]
+
+
+def solve_problem_text(text: str) -> int:
+    """Solve a generated problem from its English text alone (independent of the generator's op chain)."""
+    sentences = [s.strip() for s in re.split(r"(?<=[.?])\s+", text) if s.strip()]
+    start = re.search("|".join(_START_RULES), sentences[0])
+    if start is None:
+        raise ValueError(f"no start value in {sentences[0]!r}")
+    x = int(next(g for g in start.groups() if g is not None))
+    for sentence in sentences[1:-1]:
+        for pattern, fn in _OP_RULES:
+            m = re.search(pattern, sentence)
+            if m:
+                x = fn(x, int(m.group(1)) if m.groups() else 0)
+                break
+        else:
+            raise ValueError(f"unparsed sentence {sentence!r}")
+    return x

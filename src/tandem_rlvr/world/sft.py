@@ -1,0 +1,144 @@
+"""Supervised warm starts of the world's small causal LMs on generated step-by-step solutions.
+
+Each model is a Qwen2-architecture transformer from a ``transformers`` config, trained from a fixed
+seed on an endless stream of (prompt, solution) pairs from the train bucket. The loss covers only the
+assistant response (solution + ``<|im_end|>``). Batches draw one chain length each, so that padding
+stays small; the learning rate warms up, then decays by a cosine.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tandem_rlvr.world.problems import Problem, jargon_solution, plain_solution, render_prompt, sft_problems
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture and supervised-training recipe of one warm-started model."""
+
+    name: str
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int = 4
+    kv_heads: int = 2
+    steps: int = 300
+    batch: int = 32
+    lr: float = 3e-3
+    warmup: int = 30
+    jargon_share: float = 0.0  # share of training solutions written in the jargon style
+    n_ops: tuple[int, int] = (2, 8)
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable view (for the cache key and the manifest)."""
+        return asdict(self)
+
+
+def make_model(spec: ModelSpec, tokenizer) -> torch.nn.Module:
+    """A freshly initialised Qwen2 causal LM for ``spec`` (seeded), with the tokenizer's special ids."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(spec.seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
+    )
+    return model
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+class BatchMaker:
+    """Turns the SFT problem stream into right-padded (input_ids, attention_mask, labels) batches."""
+
+    def __init__(self, tokenizer, spec: ModelSpec):
+        self.tok = tokenizer
+        self.spec = spec
+        self.rng = random.Random(spec.seed + 7919)
+        self.stream = sft_problems(spec.seed + 104729, spec.n_ops)
+        self.eos = tokenizer.eos_token
+        self.pad_id = tokenizer.pad_token_id
+
+    def _pairs(self, n_ops: int) -> list[tuple[str, str]]:
+        """``batch`` (prompt, response) string pairs with chains of ``n_ops`` operations."""
+        out: list[tuple[str, str]] = []
+        while len(out) < self.spec.batch:
+            n, problem = next(self.stream)
+            if n != n_ops:
+                continue
+            out.append((render_prompt(self.tok, problem.text), self._response(problem)))
+        return out
+
+    def _response(self, problem: Problem) -> str:
+        """The target response in a style drawn with probability ``jargon_share`` of jargon."""
+        jargon = self.rng.random() < self.spec.jargon_share
+        return (jargon_solution(problem) if jargon else plain_solution(problem)) + self.eos
+
+    def next(self) -> dict[str, torch.Tensor]:
+        """The next batch; labels are -100 on the prompt and on padding."""
+        n_ops = self.rng.randint(*self.spec.n_ops)
+        pairs = self._pairs(n_ops)
+        prompts = self.tok([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
+        responses = self.tok([r for _, r in pairs], add_special_tokens=False)["input_ids"]
+        length = max(len(p) + len(r) for p, r in zip(prompts, responses))
+        ids = torch.full((len(pairs), length), self.pad_id, dtype=torch.long)
+        labels = torch.full_like(ids, -100)
+        mask = torch.zeros_like(ids)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            seq = p + r
+            ids[i, : len(seq)] = torch.tensor(seq)
+            labels[i, len(p) : len(seq)] = torch.tensor(r)
+            mask[i, : len(seq)] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def lr_at(step: int, spec: ModelSpec) -> float:
+    """Linear warmup to ``spec.lr``, then cosine decay to 10 % of it."""
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    frac = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
+    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train_sft(
+    spec: ModelSpec, tokenizer, on_step: Callable[[int, float], None] | None = None
+) -> torch.nn.Module:
+    """Train a fresh model for ``spec`` and return it in eval mode; ``on_step(step, loss)`` reports progress."""
+    model = make_model(spec, tokenizer)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    batches = BatchMaker(tokenizer, spec)
+    for step in range(spec.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, spec)
+        loss = model(**batches.next()).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if on_step is not None:
+            on_step(step, float(loss))
+    return model.eval()

@@ -1,0 +1,88 @@
+"""Shared fixtures: a locally trained tokenizer and tiny random causal LMs (no hub, CPU)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+CORPUS = [
+    "What is 3 plus 4? Step 1: 3 + 4 = 7.\n\nSo the answer is \\boxed{7}.",
+    "Tom has 12 apples and gives away 5. 12 - 5 = 7.\n\nThe answer is \\boxed{7}.",
+    "Solve the following math problem step by step. Put your final answer inside \\boxed{}, "
+    "like \\boxed{42} or \\boxed{\\frac{1}{2}}.",
+    "First we multiply 6 by 7 to get 42.\n\nThen we add 8 to get 50.\n\nAnswer: \\boxed{50}",
+    "The quick brown fox jumps over the lazy dog. Numbers 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15.",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+    from tandem_rlvr.world.tokenizer import build_tokenizer
+
+    d = tmp_path_factory.mktemp("tok")
+    build_tokenizer(CORPUS, vocab_size=320, out_dir=d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok.padding_side = "left"
+    return tok
+
+
+def make_tiny_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, arch: str = "qwen2"):
+    """A tiny random causal LM from a transformers config (≈ 30k–100k parameters)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    kw = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**kw)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**kw)).eval()
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory, tokenizer, tokenizer_dir):
+    """Two tiny saved models (senior, junior) sharing the fixture tokenizer; returns (senior_dir, junior_dir)."""
+    out = []
+    for name, seed, hidden in (("senior", 0, 48), ("junior", 1, 32)):
+        d = tmp_path_factory.mktemp(name)
+        m = make_tiny_model(len(tokenizer), seed=seed, hidden=hidden)
+        m.generation_config.eos_token_id = tokenizer.eos_token_id
+        m.generation_config.pad_token_id = tokenizer.pad_token_id
+        m.save_pretrained(str(d))
+        tokenizer.save_pretrained(str(d))
+        out.append(d)
+    return tuple(out)
+
+
+def bias_token(model, token_id: int, bias: float):
+    """Add ``bias`` to one token's logit in every forward (e.g. make a model emit EOS early)."""
+
+    def hook(_module, _inputs, output):
+        output = output.clone()
+        output[..., token_id] += bias
+        return output
+
+    model.get_output_embeddings().register_forward_hook(hook)
+    return model
