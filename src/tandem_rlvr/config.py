@@ -75,7 +75,7 @@ class RolloutConfig:
     temperature: float = _f(0.6, "Sampling temperature of both models during training.")
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
-    batch_size: int = _f(0, "Rollouts generated per engine call (0 = the whole step at once).")
+    batch_size: int = _f(0, "Rollouts per engine call (0 = all of this process's rollouts of the step at once). A multiple of group_size.")
 
 
 @dataclass
@@ -97,7 +97,7 @@ class DataConfig:
     train_split: str | None = _f(None, "Split of a named benchmark (default: its training split).")
     problem_key: str = _f("problem", "Problem column of a local file.")
     answer_key: str = _f("answer", "Answer column of a local file.")
-    reward: str = _f("math", "Reward function: math (math-verify on the last \\boxed{}), gsm8k or boxed_exact.")
+    reward: str = _f("math", "Reward: math (math-verify on the last \\boxed{}), gsm8k, boxed_exact, or your own plain function as package.module:function (run in-process, no time limit).")
     reward_timeout_s: float = _f(2.0, "Hard time limit of one answer check.")
     reward_workers: int = _f(2, "Worker processes for answer checking.")
 
@@ -254,6 +254,8 @@ def validate(cfg: Config) -> None:
         (t.save_every >= 0 and t.keep_last >= 1, "train.save_every", "save_every must be >= 0 and keep_last >= 1"),
         (cfg.data.reward_timeout_s > 0 and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),
         (cfg.val.every == 0 or bool(cfg.val.data), "val.data", "is required when val.every > 0"),
+        (cfg.data.reward in ("math", "gsm8k", "boxed_exact") or ":" in cfg.data.reward, "data.reward",
+         f"must be math, gsm8k, boxed_exact or package.module:function, got {cfg.data.reward!r}"),
     ]
     if a.senior_frac_band is not None:
         band = a.senior_frac_band

@@ -211,6 +211,7 @@ def policy_loss(
     num_tokens: int | float | Tensor | None = None,
     max_len: int | None = None,
     kl_is_correction: bool = False,
+    allow_empty: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate (+ optional k3 KL), aggregated over the masked tokens by ``loss_type``.
 
@@ -226,7 +227,13 @@ def policy_loss(
     Metrics (python floats): ``train/loss``, ``train/pg_loss`` (surrogate alone, same aggregation),
     ``train/clip_frac`` (+ ``_low`` / ``_high``), ``train/ratio_mean``, ``train/num_tokens`` and, when a
     reference is given, ``kl/policy_ref`` (token mean of the plain k3 over the mask, never ratio-weighted).
+
+    An all-zero mask raises, unless ``allow_empty``: then the loss is an exact, graph-connected zero
+    (for a process whose micro-batch has no senior token while others do; the caller has checked that
+    the step as a whole trains some token) and the metrics are empty.
     """
+    if allow_empty and mask_BT is not None and mask_BT.shape == logps_BT.shape and not bool(mask_BT.bool().any()):
+        return (logps_BT * 0.0).sum(), {}
     mask_b = _check_mask(mask_BT, logps_BT)
     eps_high = _check_policy_args(logps_BT, old_logps_BT, adv_B, ref_logps_BT, clip_eps, clip_eps_high, kl_beta)
     log_ratio_BT = torch.where(mask_b, logps_BT - old_logps_BT.detach(), 0.0)

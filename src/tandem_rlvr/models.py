@@ -24,6 +24,19 @@ class ModelLoadError(ValueError):
     """A model or tokenizer could not be loaded or paired; the message names it."""
 
 
+WORLD_MODELS = ("world:senior", "world:junior")
+
+
+def resolve_name(name: str) -> str:
+    """Map the built-in world's aliases ``world:senior`` / ``world:junior`` to their cached directories."""
+    if name not in WORLD_MODELS:
+        return name
+    from tandem_rlvr.world.build import build_world
+
+    paths = build_world()
+    return str(paths.senior_dir if name == "world:senior" else paths.junior_dir)
+
+
 def _check_exists(name: str, role: str) -> None:
     if not name:
         raise ModelLoadError(f"no {role} model given")
@@ -38,6 +51,7 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "s
     """Load a tokenizer (left padding; pad falls back to EOS) or raise naming ``name``."""
     from transformers import AutoTokenizer
 
+    name = resolve_name(name)
     _check_exists(name, role)
     try:
         tok = AutoTokenizer.from_pretrained(str(Path(name).expanduser()) if Path(name).expanduser().exists() else name,
@@ -56,6 +70,7 @@ def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool
     """Load a causal LM from a local path or hub name, or raise naming ``name`` and the cause."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    name = resolve_name(name)
     _check_exists(name, role)
     path = str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
     try:

@@ -228,18 +228,22 @@ def generate(
 
 
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
-    """Stack rollouts of the same prompt length along the batch, right-padding responses."""
+    """Stack rollouts along the batch: prompts left-padded, responses right-padded to a common length."""
     if len(parts) == 1:
         return parts[0]
     T = max(r.response_ids_BT.shape[1] for r in parts)
+    P = max(r.prompt_ids_BP.shape[1] for r in parts)
 
     def pad(x: torch.Tensor, value) -> torch.Tensor:
         return torch.nn.functional.pad(x, (0, T - x.shape[1]), value=value)
 
+    def lpad(x: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (P - x.shape[1], 0), value=value)
+
     junior = None if any(r.junior_logps_BT is None for r in parts) else torch.cat([pad(r.junior_logps_BT, 0.0) for r in parts])
     return Rollout(
-        prompt_ids_BP=torch.cat([r.prompt_ids_BP for r in parts]),
-        prompt_mask_BP=torch.cat([r.prompt_mask_BP for r in parts]),
+        prompt_ids_BP=torch.cat([lpad(r.prompt_ids_BP, pad_token_id) for r in parts]),
+        prompt_mask_BP=torch.cat([lpad(r.prompt_mask_BP, 0) for r in parts]),
         response_ids_BT=torch.cat([pad(r.response_ids_BT, pad_token_id) for r in parts]),
         response_mask_BT=torch.cat([pad(r.response_mask_BT, 0) for r in parts]),
         owner_BT=torch.cat([pad(r.owner_BT, 0) for r in parts]),

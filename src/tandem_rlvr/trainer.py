@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from tandem_rlvr import checkpoint as ckpt_mod
 from tandem_rlvr import core
@@ -103,7 +104,10 @@ def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: flo
 class Trainer:
     """Holds the models, optimiser and data of one run; :meth:`train` runs it to the end."""
 
-    def __init__(self, cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False):
+    def __init__(self, cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False,
+                 text_metrics=None):
+        """``pair``/``examples`` override loading from the config; ``reward_fn(completion, gold)`` replaces
+        the configured verifier (scored in-process); ``text_metrics(texts) -> dict`` adds rollout metrics."""
         from accelerate import Accelerator
 
         from tandem_rlvr.models import eos_ids, load_pair
@@ -113,13 +117,17 @@ class Trainer:
         self._prepare_run_dir(restart)
         self.plan = arm_plan(cfg)
         self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir))
+        if cfg.algo.mini_batch_prompts % self.acc.num_processes:
+            raise TandemError(f"algo.mini_batch_prompts={cfg.algo.mini_batch_prompts} must be divisible by the "
+                              f"number of processes ({self.acc.num_processes}) so each owns whole prompt groups")
         _seed_everything(cfg.train.seed)
         self.pair = pair if pair is not None else load_pair(cfg.model)
         self.tok = self.pair.tokenizer
         self.eos = eos_ids(self.tok, self.pair.senior)
         self.examples = examples if examples is not None else _load_train(cfg)
         self.prompts, self.prompt_example = _encode_prompts(self.tok, self.examples, cfg.rollout.max_prompt_tokens)
-        self.reward_fn = reward_fn
+        self.reward_fn = reward_fn if reward_fn is not None else import_reward(cfg.data.reward)
+        self.text_metrics = text_metrics
         self.schedule = make_schedule(self.plan.schedule, self.tok, p=cfg.handoff.p, max_gap=cfg.handoff.max_gap,
                                       chunk_size=cfg.handoff.chunk_size,
                                       vocab_size=self.pair.senior.get_output_embeddings().weight.shape[0])
@@ -137,16 +145,23 @@ class Trainer:
 
     # -- run directory and resume -------------------------------------------------------------
     def _prepare_run_dir(self, restart: bool) -> None:
+        """Resume the run in ``train.out_dir`` if it is this config's, start fresh, or refuse."""
         d = self.run_dir
         if restart and d.exists():
             shutil.rmtree(d)
-        has_run = (d / "metrics.jsonl").exists() or (d / "checkpoints").exists()
-        self.resume_from = ckpt_mod.latest_checkpoint(d) if has_run else None
-        if has_run and self.resume_from is None and (d / "metrics.jsonl").exists() and read_jsonl(d / "metrics.jsonl"):
-            raise TandemError(
-                f"run directory {str(d)!r} holds metrics but no complete checkpoint to resume from; "
-                "pass --restart to start over or choose another train.out_dir"
-            )
+        old_cfg = d / "config.yaml"
+        self.resume_from = ckpt_mod.latest_checkpoint(d)
+        has_progress = self.resume_from is not None or bool(read_jsonl(d / "metrics.jsonl"))
+        if has_progress:
+            if not old_cfg.exists():
+                raise TandemError(f"run directory {str(d)!r} holds a run without config.yaml; "
+                                  "pass --restart to start over or choose another train.out_dir")
+            changed = _config_changes(yaml.safe_load(old_cfg.read_text()), self.cfg.to_dict())
+            if changed:
+                raise TandemError(
+                    f"run directory {str(d)!r} holds a run with a different config ({'; '.join(changed[:5])}); "
+                    "pass --restart to start over or choose another train.out_dir"
+                )
         d.mkdir(parents=True, exist_ok=True)
         save_config(self.cfg, d / "config.yaml")
 
@@ -178,34 +193,56 @@ class Trainer:
             out.extend(perm[offset:offset + k - len(out)].tolist())
         return out
 
+    def _local_prompts(self, step: int) -> list[tuple[int, int]]:
+        """This process's ``(global position, prompt index)`` pairs for ``step``.
+
+        Each PPO mini-batch of ``mini_batch_prompts`` prompts is split evenly over the processes, so
+        every process owns whole groups (advantages stay local) and a mini-batch spans all processes.
+        """
+        k, n, r = self.cfg.algo.mini_batch_prompts, self.acc.num_processes, self.acc.process_index
+        share = k // n
+        order = self._step_prompts(step)
+        return [(g, order[g]) for m in range(0, len(order), k) for g in range(m + r * share, m + (r + 1) * share)]
+
     def rollout(self, step: int) -> tuple[Rollout, list[int]]:
-        """Generate ``group_size`` responses for each of this step's prompts."""
+        """Generate ``group_size`` responses for each of this process's prompts of ``step``.
+
+        Generation runs in chunks of ``rollout.batch_size`` rollouts (default: one chunk per process
+        and mini-batch); a chunk's padding and seed depend only on its global position, so the same
+        global batch gives the same rollouts whatever the number of processes.
+        """
         cfg, G = self.cfg, self.cfg.algo.group_size
-        idx = [i for i in self._step_prompts(step) for _ in range(G)]
-        enc = self.tok.pad({"input_ids": [self.prompts[i] for i in idx]}, return_tensors="pt", padding=True)
-        ids, mask = enc["input_ids"].to(self.acc.device), enc["attention_mask"].to(self.acc.device)
+        local = self._local_prompts(step)
+        chunk_prompts = max(1, (cfg.rollout.batch_size // G) if cfg.rollout.batch_size else len(local))
         sampling = Sampling(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
-        chunk = cfg.rollout.batch_size or len(idx)
         senior = self.acc.unwrap_model(self.senior)
         senior.eval()
-        parts = []
-        for c in range(0, len(idx), chunk):
+        parts, idx = [], []
+        for c in range(0, len(local), chunk_prompts):
+            chunk = local[c:c + chunk_prompts]
+            rows = [i for _, i in chunk for _ in range(G)]
+            enc = self.tok.pad({"input_ids": [self.prompts[i] for i in rows]}, return_tensors="pt", padding=True)
             parts.append(generate(
-                senior, self.junior, ids[c:c + chunk], mask[c:c + chunk], self.schedule, sampling,
-                eos_token_ids=self.eos, pad_token_id=self.tok.pad_token_id,
-                seed=_step_seed(cfg.train.seed, step) + c, record_junior=self.plan.schedule != "none",
+                senior, self.junior, enc["input_ids"].to(self.acc.device), enc["attention_mask"].to(self.acc.device),
+                self.schedule, sampling, eos_token_ids=self.eos, pad_token_id=self.tok.pad_token_id,
+                seed=_step_seed(cfg.train.seed, step) + chunk[0][0], record_junior=self.plan.schedule != "none",
             ))
+            idx.extend(rows)
         return concat_rollouts(parts, self.tok.pad_token_id), idx
 
-    def rewards(self, rollout: Rollout, idx: list[int]) -> tuple[torch.Tensor, dict]:
+    def rewards(self, texts: list[str], idx: list[int]) -> tuple[torch.Tensor, dict]:
         """Score every co-written response against its gold answer."""
-        texts = rollout.texts(self.tok)
         golds = [self.examples[self.prompt_example[i]].answer for i in idx]
         if self.reward_fn is not None:
-            vals = [float(self.reward_fn(t, g)) for t, g in zip(texts, golds)]
-            return torch.tensor(vals), {}
-        vals, stats = self.scorer.score(texts, golds)
-        return torch.tensor(vals, dtype=torch.float), stats
+            vals, stats = [float(self.reward_fn(t, g)) for t, g in zip(texts, golds)], {}
+        else:
+            vals, stats = self.scorer.score(texts, golds)
+        out = torch.tensor(vals, dtype=torch.float)
+        if not torch.isfinite(out).all():
+            name = getattr(self.reward_fn, "__name__", None) or self.cfg.data.reward
+            raise TandemError(f"reward function {name!r} returned a non-finite reward for "
+                              f"{int((~torch.isfinite(out)).sum())} of {len(vals)} responses")
+        return out, stats
 
     def update(self, rollout: Rollout, adv_B: torch.Tensor, step: int) -> dict:
         """PPO mini-batch updates on this step's rollouts; returns averaged metrics."""
@@ -216,59 +253,71 @@ class Trainer:
             senior.eval()
             old = sequence_logps(senior, rollout, temp, cfg.algo.micro_batch)
             junior_lp = rollout.junior_logps_BT
-            if junior_lp is None and (plan.kl_beta > 0 or self.junior is not None):
+            if junior_lp is None and self.junior is not None:
                 junior_lp = sequence_logps(self.junior, rollout, temp, cfg.algo.micro_batch)
         mask = loss_mask(rollout, plan)
         metrics = _drift_metrics(old, junior_lp, rollout)
         senior.train()
-        mb = cfg.algo.mini_batch_prompts * G
-        n_groups = rollout.batch_size // G
-        gen = torch.Generator().manual_seed(_step_seed(cfg.train.seed, step) + 7)
+        mb = cfg.algo.mini_batch_prompts * G // self.acc.num_processes
         acc_metrics: list[dict] = []
         for _ in range(cfg.algo.ppo_epochs):
-            order = torch.randperm(n_groups, generator=gen)
-            rows_all = (order[:, None] * G + torch.arange(G)).reshape(-1)
             for m in range(0, rollout.batch_size, mb):
-                acc_metrics.append(self._minibatch(rollout, rows_all[m:m + mb], old, junior_lp, adv_B, mask))
+                rows = torch.arange(m, min(m + mb, rollout.batch_size))
+                acc_metrics.append(self._minibatch(rollout, rows, old, junior_lp, adv_B, mask))
         for k in set().union(*acc_metrics):
             metrics[k] = float(np.mean([a[k] for a in acc_metrics if k in a]))
         metrics["train/lr"] = self.sched.get_last_lr()[0]
         return metrics
 
+    def _global(self, value: float, op: str) -> float:
+        """Sum / max / mean of a scalar over processes."""
+        if self.acc.num_processes == 1:
+            return float(value)
+        t = torch.tensor([float(value)], device=self.acc.device)
+        return float(self.acc.reduce(t, reduction="sum" if op == "mean" else op)) / (
+            self.acc.num_processes if op == "mean" else 1)
+
     def _minibatch(self, rollout, rows, old, junior_lp, adv_B, mask) -> dict:
-        cfg, plan = self.cfg, self.plan
-        m_rows = mask[rows]
-        n_tok = float(m_rows.sum())
-        max_len = int(rollout.response_mask_BT[rows].sum(-1).max())
+        cfg, plan, n_proc = self.cfg, self.plan, self.acc.num_processes
+        token_mean = cfg.algo.loss_type in ("dapo", "token_mean")
+        n_tok = self._global(float(mask[rows].sum()), "sum")
+        max_len = int(self._global(float(rollout.response_mask_BT[rows].sum(-1).max()), "max"))
         micro = cfg.algo.micro_batch or len(rows)
+        chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
         self.opt.zero_grad(set_to_none=True)
         parts = []
-        for i in range(0, len(rows), micro):
-            r = rows[i:i + micro]
-            if mask[r].sum() == 0:  # no senior token here: contributes exactly zero in every mode
-                continue
+        for i, r in enumerate(chunks):
             logps = sequence_logps(self.senior, rollout, cfg.rollout.temperature, rows=r)
             loss, met = core.policy_loss(
                 logps, old[r], adv_B[r], mask[r], loss_type=cfg.algo.loss_type, clip_eps=cfg.algo.clip_eps,
                 clip_eps_high=cfg.algo.clip_eps_high, kl_beta=plan.kl_beta,
                 ref_logps_BT=junior_lp[r] if plan.kl_beta > 0 else None,
-                num_tokens=n_tok, max_len=max_len,
+                num_tokens=n_tok, max_len=max_len, allow_empty=True,
             )
-            weight = 1.0 if cfg.algo.loss_type in ("dapo", "token_mean") else len(r) / len(rows)
-            self.acc.backward(loss * weight)
-            parts.append({k: _num(v) for k, v in met.items()} | {"train/loss": _num(loss) * weight})
-        if not parts:
-            return {"train/loss": 0.0, "train/grad_norm": 0.0}
+            # DDP averages gradients over processes: token-mean losses use the global token count, so
+            # they are scaled by the process count; per-sequence means by this chunk's share of rows.
+            weight = float(n_proc) if token_mean else len(r) / len(rows)
+            with self._maybe_no_sync(i < len(chunks) - 1):
+                self.acc.backward(loss * weight)
+            parts.append({k: _num(v) for k, v in met.items()} | {"train/loss": _num(loss) * weight / (n_proc if token_mean else 1)})
         grad_norm = self._clip_and_step()
-        out = {k: float(np.mean([p[k] for p in parts])) for k in parts[0] if k != "train/loss"}
-        out["train/loss"] = float(sum(p["train/loss"] for p in parts))
+        keys = set().union(*parts) - {"train/loss"}
+        out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in keys}
+        out["train/loss"] = self._global(sum(p["train/loss"] for p in parts), "mean") * (n_proc if token_mean else 1)
         out["train/grad_norm"] = grad_norm
         return out
+
+    def _maybe_no_sync(self, skip_sync: bool):
+        import contextlib
+
+        if skip_sync and self.acc.num_processes > 1:
+            return self.acc.no_sync(self.senior)
+        return contextlib.nullcontext()
 
     def _clip_and_step(self) -> float:
         params = [p for p in self.senior.parameters() if p.requires_grad]
         max_norm = self.cfg.algo.max_grad_norm or float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = float(self.acc.clip_grad_norm_(params, max_norm))
         if not math.isfinite(norm):
             self.opt.zero_grad(set_to_none=True)
             self.nonfinite_run += 1
@@ -287,7 +336,10 @@ class Trainer:
         frac = rollout.senior_token_frac()
         if self.plan.mask_owner:
             check_senior_frac(frac, self.cfg)
-        rewards, rstats = self.rewards(rollout, idx)
+        texts = rollout.texts(self.tok)
+        rewards, rstats = self.rewards(texts, idx)
+        if self.text_metrics is not None:
+            rstats = {**rstats, **self.text_metrics(texts)}
         adv, ametrics = core.group_advantages(rewards, self.cfg.algo.group_size, normalize_std=self.cfg.algo.normalize_std)
         t2 = time.perf_counter()
         metrics = self.update(rollout, adv, step)
@@ -332,7 +384,7 @@ class Trainer:
         from tandem_rlvr.rewards import RewardScorer
 
         c = self.cfg.data
-        return RewardScorer(c.reward, timeout_s=c.reward_timeout_s, num_workers=c.reward_workers)
+        return RewardScorer(c.reward, time_limit=c.reward_timeout_s, num_workers=c.reward_workers)
 
     def _after_step(self, row: dict) -> None:
         cfg = self.cfg
@@ -396,6 +448,23 @@ class _Null:
         return False
 
 
+RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.save_every", "train.keep_last", "train.trackers",
+                     "train.max_nonfinite", "val.every", "data.reward_workers"}
+
+
+def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ, except those a resumed run may change."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        key = f"{prefix}{k}"
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _config_changes(a, b, key + ".")
+        elif a != b and key not in RESUMABLE_CHANGES:
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out
+
+
 def _drift_metrics(old_BT: torch.Tensor, junior_BT: torch.Tensor | None, rollout: Rollout) -> dict:
     if junior_BT is None:
         return {}
@@ -404,6 +473,23 @@ def _drift_metrics(old_BT: torch.Tensor, junior_BT: torch.Tensor | None, rollout
     diff = (old_BT - junior_BT) * sm
     return {"kl/senior_junior": float(diff.sum() / n),
             "kl/senior_junior_k3": float((core.k3_kl(old_BT, junior_BT) * sm).sum() / n)}
+
+
+def import_reward(spec: str):
+    """A user reward ``"package.module:function"`` (a plain ``(completion, gold) -> float``), or None
+    for the built-in names, which are scored with a hard time limit in worker processes."""
+    if ":" not in spec:
+        return None
+    import importlib
+
+    mod_name, _, attr = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise TandemError(f"data.reward {spec!r} cannot be imported: {e}") from None
+    if not callable(fn):
+        raise TandemError(f"data.reward {spec!r} is not callable")
+    return fn
 
 
 def _step_seed(seed: int, step: int) -> int:

@@ -1,0 +1,15 @@
+.PHONY: setup test test-slow demo demo-quick bench fuzz
+setup:
+	bash scripts/setup.sh
+test:
+	bash scripts/test.sh
+test-slow:
+	bash scripts/test.sh -m slow
+demo:
+	bash scripts/demo.sh
+demo-quick:
+	bash scripts/demo.sh --quick
+bench: setup
+	.venv/bin/python benchmarks/run_all.py
+fuzz: setup
+	.venv/bin/python scripts/fuzz_rewards.py --n 10000
