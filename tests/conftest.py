@@ -12,6 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
+# Tiny models: one intra-op thread is faster than two and immune to a busy machine.
+torch.set_num_threads(1)
+
 CORPUS = [
     "What is 3 plus 4? Step 1: 3 + 4 = 7.\n\nSo the answer is \\boxed{7}.",
     "Tom has 12 apples and gives away 5. 12 - 5 = 7.\n\nThe answer is \\boxed{7}.",

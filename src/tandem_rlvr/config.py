@@ -105,6 +105,7 @@ class DataConfig:
 @dataclass
 class ValConfig:
     data: str | None = _f(None, "Validation data (name or file); None = no validation.")
+    split: str | None = _f(None, "Split of a named benchmark, e.g. val for deepscaler's 1,000 held-out problems.")
     every: int = _f(0, "Validate every N steps (0 = off).")
     n: int = _f(4, "Samples per validation problem.")
     limit: int = _f(64, "Validation problems used (0 = all).")

@@ -101,7 +101,6 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     paths = build_world(force=force_world)
     t_world = time.perf_counter() - t0
     tok = load_tokenizer(str(paths.senior_dir))

@@ -168,7 +168,8 @@ def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
     """Unweighted mean over benchmarks of every metric (each benchmark counts once).
 
     Scalars are averaged (NaN-skipping), ``{key: value}`` maps key-wise (e.g. the handoff-rate curve),
-    lists element-wise (e.g. CE by position decile); the counts in :data:`COUNT_KEYS` are summed and
+    lists element-wise (e.g. CE by position decile), standard errors (``*_se``) as the s.e. of the
+    mean of independent means, ``sqrt(sum se^2) / m``; the counts in :data:`COUNT_KEYS` are summed and
     ``n_samples`` (samples per problem) is kept when all benchmarks agree.
     """
     rows = list(per_benchmark.values())
@@ -187,6 +188,8 @@ def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
             out[key] = {s: nanmean(v[s] for v in vals) for s in subkeys}
         elif isinstance(vals[0], (list, tuple)):
             out[key] = [nanmean(col) for col in zip(*vals)]
+        elif key.endswith("_se") and isinstance(vals[0], (int, float)):
+            out[key] = math.sqrt(sum(float(v) ** 2 for v in vals)) / len(vals)  # s.e. of a mean of means
         elif isinstance(vals[0], (int, float)) and not isinstance(vals[0], bool):
             out[key] = nanmean(vals)
     return out

@@ -1,24 +1,22 @@
 """Verifiable math rewards with a hard per-check time limit.
 
-A reward takes the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed x``) of a completion and checks
-it against the gold answer: ``math`` with math-verify (LaTeX extraction that prefers boxed answers,
-``verify(gold, pred)`` gold first), ``gsm8k`` likewise after taking the gold after ``####`` (and
-accepting a final ``#### N`` line when the completion has no box), ``boxed_exact`` by exact string
-match after removing whitespace. Scores are 1.0 or 0.0.
+A reward takes the last ``\\boxed{...}`` (also ``\\fbox{...}``, ``\\boxed x``) of a completion and
+checks it against the gold answer: ``math`` with math-verify (LaTeX extraction preferring boxed
+answers, ``verify(gold, pred)``, gold first), ``gsm8k`` likewise with the gold after ``####`` (and a
+final ``#### N`` line accepted when there is no box), ``boxed_exact`` by string equality without
+whitespace. Scores are 1.0 or 0.0; no box scores 0 without any worker round-trip.
 
-Time limit. math-verify can hang on hostile input (``9^{9^{9^9}}`` evaluates a huge integer inside C
-code that no signal interrupts) and its own ``signal.alarm`` timeouts fail off the main thread. So
-every math-verify call runs in a killable worker process: the parent waits at most ``time_limit``
-seconds (default 2) from dispatch, then kills and replaces the worker. Inside the worker math-verify's
-own timeouts are disabled (``parsing_timeout=None``, ``timeout_seconds=None``) and a softer
-``setitimer`` limit (85 % of the budget) usually ends the check first without losing the worker. A
-timed-out check scores 0 and is counted (``reward/timeouts``); a check never raises and never hangs.
-Workers are started with the ``spawn`` context (never ``fork``: the trainer holds torch threads), or,
-inside a daemonic process where ``multiprocessing`` may not start children, as plain subprocesses
-talking over a ``multiprocessing.connection`` socket. Either way a worker imports math-verify once.
-
-Use :class:`RewardScorer` for batches (a persistent pool); ``math_reward`` & co. score one completion
-through a shared process-wide scorer (2 workers, calls serialised by a lock).
+Time limit: math-verify can take unbounded time on hostile input (``9^{9^{9^9}}``), partly inside C
+code, and its ``signal.alarm`` timeouts fail off the main thread. So each check runs in a worker
+process with math-verify's own timeouts off (``parsing_timeout=None``, ``timeout_seconds=None``); the
+worker stops itself after 85 % of the budget (``setitimer``) and the parent kills and replaces it at
+the limit (default 2 s, counted from dispatch). A timed-out check scores 0 and is counted; checks
+never raise and never hang. Workers are never forked without exec (the trainer holds torch threads):
+by default each is a fresh interpreter (``subprocess``, fork+exec like ``spawn``) that imports only
+this module and math-verify once, over a ``multiprocessing.connection`` socket. That also works
+inside daemonic processes (DataLoader / Pool workers, where ``multiprocessing`` may not start
+children) and, unlike the ``spawn`` / ``forkserver`` contexts (available via ``start_method``), does
+not re-run the caller's ``__main__`` in every worker.
 """
 
 from __future__ import annotations
@@ -44,17 +42,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "DEFAULT_TIME_LIMIT",
-    "REWARD_FNS",
-    "RewardScorer",
-    "boxed_exact_reward",
-    "extract_boxed",
-    "get_reward_fn",
-    "gsm8k_gold",
-    "gsm8k_reward",
-    "math_reward",
-    "reward_totals",
-    "score_batch",
+    "DEFAULT_TIME_LIMIT", "REWARD_FNS", "RewardScorer", "boxed_exact_reward", "extract_boxed",
+    "get_reward_fn", "gsm8k_gold", "gsm8k_reward", "math_reward", "reward_totals", "score_batch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -160,7 +149,10 @@ def _gold_answer(gold: Any) -> str:
     return text if boxed is None else boxed
 
 
-def _prepare(kind: str, completion: Any, gold: Any, max_chars: int | None, max_answer: int | None):
+_Prepared = tuple[float | None, str, str | None, str, bool]
+
+
+def _prepare(kind: str, completion: Any, gold: Any, max_chars: int | None, max_answer: int | None) -> _Prepared:
     """Cheap parent-side step: (final_score | None, status, pred, gold, truncated).
 
     ``final_score`` is set when no worker is needed (no box, too long, bad gold, exact match).
@@ -172,8 +164,9 @@ def _prepare(kind: str, completion: Any, gold: Any, max_chars: int | None, max_a
         gold_s, pred = _gold_answer(gold), extract_boxed(text)
     if not gold_s:
         return 0.0, "bad_gold", pred, gold_s, cut
-    if not pred:
-        return 0.0, "no_box", pred, gold_s, cut
+    if not pred:  # a box cut open by the window above was absurdly long, not missing
+        status = "too_long" if cut and ("\\boxed" in text or "\\fbox" in text) else "no_box"
+        return 0.0, status, pred, gold_s, cut
     if kind == "boxed_exact":
         same = "".join(pred.split()) == "".join(gold_s.split())
         return (1.0 if same else 0.0), "ok", pred, gold_s, cut
@@ -190,7 +183,11 @@ class _SoftTimeout(BaseException):
     """Raised by a worker's SIGALRM handler (a BaseException, so math-verify does not swallow it)."""
 
 
+_ALARM = {"fired": False}  # set by the handler: a timeout swallowed by a bare except still counts
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
+    _ALARM["fired"] = True
     raise _SoftTimeout()
 
 
@@ -221,13 +218,14 @@ def _verify_pair(gold: str, pred: str) -> bool:
 
 def _run_job(gold: str, pred: str, soft_limit: float) -> tuple[str, float]:
     """One check inside a worker: (status, score) with status ok / timeout / error."""
+    _ALARM["fired"] = False
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, soft_limit)
             ok = _verify_pair(gold, pred)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        return "ok", 1.0 if ok else 0.0
+        return ("timeout", 0.0) if _ALARM["fired"] else ("ok", 1.0 if ok else 0.0)
     except _SoftTimeout:
         return "timeout", 0.0
     except Exception:  # noqa: BLE001 - a check never raises; MemoryError, RecursionError included
@@ -280,38 +278,38 @@ class _Worker:
         self.method, self.memory_limit_mb = method, memory_limit_mb
         self.conn: Any = None
         self.proc: Any = None
-        self.ready = False
-        self.job: int | None = None
-        self.deadline = 0.0
-        self.started_at = 0.0
+        self.ready, self.job, self.deadline, self.started_at = False, None, 0.0, 0.0
 
     def start(self) -> None:
+        """Launch the process; it reports ("ready", pid) once math-verify is imported."""
         self.ready, self.job, self.started_at = False, None, time.monotonic()
         if self.method == "subprocess":
-            parent, child = socket.socketpair()
+            parent_sock, child = socket.socketpair()
+            parent: Any = mp_connection.Connection(parent_sock.detach())
+        else:
+            parent, child = multiprocessing.get_context(self.method).Pipe(duplex=True)
+        try:
+            self.proc = self._launch(child)
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()  # the child process holds its own copy
+        self.conn = parent
+
+    def _launch(self, child: Any) -> Any:
+        if self.method == "subprocess":
             src = str(Path(__file__).resolve().parents[1])
             code = (
                 f"import sys; sys.path.insert(0, {src!r}); from tandem_rlvr.rewards import "
                 f"_subprocess_entry; _subprocess_entry({child.fileno()}, {self.memory_limit_mb!r})"
             )
-            try:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-c", code], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL
-                )
-            finally:
-                child.close()
-            self.conn = mp_connection.Connection(parent.detach())
-        else:
-            ctx = multiprocessing.get_context(self.method)
-            parent, child = ctx.Pipe(duplex=True)
-            self.proc = ctx.Process(
-                target=_worker_main, args=(child, self.memory_limit_mb), daemon=True, name="tandem-reward"
-            )
-            try:
-                self.proc.start()
-            finally:
-                child.close()
-            self.conn = parent
+            argv = [sys.executable, "-c", code]
+            return subprocess.Popen(argv, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+        ctx = multiprocessing.get_context(self.method)
+        proc = ctx.Process(target=_worker_main, args=(child, self.memory_limit_mb), daemon=True)
+        proc.start()
+        return proc
 
     def send(self, msg: Any) -> bool:
         try:
@@ -331,9 +329,17 @@ class _Worker:
         if proc is not None:
             try:
                 proc.kill()
-                (proc.wait if self.method == "subprocess" else proc.join)(timeout=2.0)
-            except (OSError, ValueError, AssertionError, subprocess.TimeoutExpired):
+            except Exception:  # noqa: BLE001 - already gone
                 pass
+            _reap(proc, 2.0)
+
+
+def _reap(proc: Any, timeout: float) -> None:
+    """Wait for a worker process (Popen or multiprocessing.Process) at most ``timeout`` seconds."""
+    try:
+        (proc.wait if isinstance(proc, subprocess.Popen) else proc.join)(timeout=max(0.0, timeout))
+    except Exception:  # noqa: BLE001 - still running, or not ours
+        pass
 
 
 def _shutdown_workers(workers: list[_Worker], owner_pid: int) -> None:
@@ -346,11 +352,7 @@ def _shutdown_workers(workers: list[_Worker], owner_pid: int) -> None:
     end = time.monotonic() + 1.0
     for w in workers:
         if w.proc is not None:
-            try:
-                left = max(0.0, end - time.monotonic())
-                (w.proc.wait if w.method == "subprocess" else w.proc.join)(timeout=left)
-            except (OSError, ValueError, AssertionError, subprocess.TimeoutExpired):
-                pass
+            _reap(w.proc, end - time.monotonic())
         w.kill()
 
 
@@ -358,35 +360,31 @@ class RewardScorer:
     """A persistent pool of verifier processes scoring batches under a hard per-check time limit.
 
     ``reward``: "math", "gsm8k" or "boxed_exact" (the latter needs no worker). ``time_limit``: seconds
-    per check, measured from dispatch to a ready worker (start-up is not charged to a check).
-    ``start_method``: "spawn" (default; "auto" switches to "subprocess" inside daemonic processes),
-    "forkserver" or "subprocess". Thread-safe (calls are serialised); use as a context manager or call
+    per check, measured from dispatch to a ready worker (start-up is not charged to a check); the
+    worker gives up by itself after ``soft_limit_fraction`` of it, the parent kills it at the limit.
+    ``start_method``: "subprocess" (default: a fresh interpreter that imports only this module),
+    "spawn" or "forkserver" (these re-import the caller's ``__main__`` in every worker, so the
+    caller's script needs an ``if __name__ == "__main__"`` guard; inside a daemonic process they fall
+    back to "subprocess"). Thread-safe (calls are serialised); use as a context manager or call
     :meth:`close`; workers are also reaped at garbage collection and interpreter exit.
     """
 
     def __init__(
-        self,
-        reward: str = "math",
-        *,
-        num_workers: int | None = None,
-        time_limit: float = DEFAULT_TIME_LIMIT,
-        max_completion_chars: int | None = MAX_COMPLETION_CHARS,
-        max_answer_chars: int | None = MAX_ANSWER_CHARS,
-        start_method: str = "auto",
-        memory_limit_mb: int | None = MEMORY_LIMIT_MB,
-        start_timeout: float = START_TIMEOUT,
+        self, reward: str = "math", *, num_workers: int | None = None, time_limit: float = DEFAULT_TIME_LIMIT,
+        max_completion_chars: int | None = MAX_COMPLETION_CHARS, max_answer_chars: int | None = MAX_ANSWER_CHARS,
+        start_method: str = "subprocess", memory_limit_mb: int | None = MEMORY_LIMIT_MB,
+        start_timeout: float = START_TIMEOUT, soft_limit_fraction: float = SOFT_LIMIT_FRACTION,
     ) -> None:
         self.reward = _check_kind(reward)
         self.time_limit = _check_limit(time_limit)
         self.max_completion_chars, self.max_answer_chars = max_completion_chars, max_answer_chars
         self.start_timeout = float(start_timeout)
+        self.soft_limit_fraction = _check_limit(soft_limit_fraction)
         self.method = _pick_method(start_method)
         n = num_workers if num_workers is not None else min(4, os.cpu_count() or 1)
         self._workers = [_Worker(self.method, memory_limit_mb) for _ in range(max(1, int(n)))]
         self._lock = threading.Lock()
-        self._closed = False
-        self._start_failures = 0
-        self._restarts = 0
+        self._closed, self._start_failures, self._restarts = False, 0, 0
         self.owner_pid = os.getpid()
         self.totals: Counter = Counter()
         self._finalizer = weakref.finalize(self, _shutdown_workers, self._workers, self.owner_pid)
@@ -398,9 +396,14 @@ class RewardScorer:
         self.close()
 
     def close(self) -> None:
-        """Stop all workers (bounded time); the scorer cannot be used afterwards."""
-        self._closed = True
-        self._finalizer()
+        """Stop all workers (bounded time, also while another thread scores); final."""
+        self._closed = True  # a running score() stops dispatching within one time limit
+        locked = self._lock.acquire(timeout=self.time_limit + 5.0)
+        try:
+            self._finalizer()
+        finally:
+            if locked:
+                self._lock.release()
 
     @property
     def closed(self) -> bool:
@@ -421,15 +424,15 @@ class RewardScorer:
                 self._collect([])
 
     def score(
-        self,
-        completions: Sequence[Any],
-        golds: Sequence[Any],
-        *,
-        reward: str | None = None,
+        self, completions: Sequence[Any], golds: Sequence[Any], *, reward: str | None = None,
         time_limit: float | None = None,
     ) -> tuple[list[float], dict[str, float]]:
-        """Score completions against golds; return (rewards, stats) with ``reward/...`` stats keys.
+        """Score completions against golds; return (rewards, stats).
 
+        ``stats`` (floats): ``reward/n``, ``reward/correct``, ``reward/mean``, ``reward/seconds`` and the
+        counts ``reward/timeouts``, ``reward/errors``, ``reward/no_box``, ``reward/too_long``,
+        ``reward/truncated``, ``reward/worker_restarts`` (and ``reward/bad_gold`` for an empty gold);
+        :attr:`totals` accumulates the counts. Identical (gold, answer) pairs are checked once.
         Never raises for a bad completion or a hanging check (those score 0 and are counted); raises
         ``ValueError`` for mismatched lengths or an unknown reward, ``RuntimeError`` once closed.
         """
@@ -446,7 +449,10 @@ class RewardScorer:
         self.totals.update({k: v for k, v in stats.items() if k not in ("reward/mean", "reward/seconds")})
         return rewards, stats
 
-    def _score_locked(self, kind: str, completions: Sequence[Any], golds: Sequence[Any], limit: float):
+    def _score_locked(
+        self, kind: str, completions: Sequence[Any], golds: Sequence[Any], limit: float
+    ) -> tuple[list[float], dict[str, float]]:
+        """Pre-filter in this process, dedupe identical (gold, pred) pairs, verify the rest."""
         rewards = [0.0] * len(completions)
         counts: Counter = Counter({k: 0 for k in ("timeouts", "no_box", "errors", "too_long", "truncated")})
         pairs: dict[tuple[str, str], list[int]] = {}
@@ -464,7 +470,7 @@ class RewardScorer:
             else:
                 pairs.setdefault((gold_s, pred), []).append(i)
         jobs = list(pairs)
-        for (status, value), key in zip(self._run_jobs(jobs, limit), jobs):
+        for (status, value), key in zip(self._run_jobs(jobs, limit) if jobs else [], jobs):
             for i in pairs[key]:
                 rewards[i] = value
                 counts[{"timeout": "timeouts", "error": "errors"}.get(status, "")] += status != "ok"
@@ -493,13 +499,12 @@ class RewardScorer:
     def _run_jobs(self, jobs: list[tuple[str, str]], limit: float) -> list[tuple[str, float]]:
         """Verify (gold, pred) pairs on the pool; (status, score) per pair; never raises, never hangs."""
         results: list[tuple[str, float] | None] = [None] * len(jobs)
-        if not jobs:
-            return []
+        self._start_failures = 0  # every batch tries again to get workers
         for w in self._workers:
             if w.conn is None:
                 self._restart(w, counted=False)
         pending = deque(range(len(jobs)))
-        soft = max(0.05, SOFT_LIMIT_FRACTION * limit)
+        soft = max(0.05, self.soft_limit_fraction * limit)
         while pending or any(w.job is not None for w in self._workers):
             if self._start_failures > 2 * len(self._workers) or self._closed:
                 logger.error("rewards: verifier workers unavailable; %d checks scored 0", len(pending))
@@ -529,14 +534,19 @@ class RewardScorer:
         ends = [w.deadline if w.job is not None else w.started_at + self.start_timeout for w in live]
         timeout = max(0.0, min(ends) - time.monotonic())
         by_conn = {id(w.conn): w for w in live}
-        for conn in mp_connection.wait([w.conn for w in live], timeout=timeout):
+        try:
+            ready = mp_connection.wait([w.conn for w in live], timeout=timeout)
+        except (OSError, ValueError):  # a connection closed under us (close() from another thread)
+            return
+        for conn in ready:
             w = by_conn[id(conn)]
             try:
                 msg = conn.recv()
-            except (EOFError, OSError):  # the worker died (e.g. out of memory)
+            except (EOFError, OSError):  # the worker died (out of memory, or it could not start)
                 if w.job is not None:
                     results[w.job] = ("error", 0.0)
-                self._restart(w)
+                self._start_failures += int(not w.ready)
+                self._restart(w, counted=w.ready)
                 continue
             if msg[0] == "ready":
                 w.ready, self._start_failures = True, 0
@@ -570,10 +580,10 @@ def _check_limit(limit: float) -> float:
 
 
 def _pick_method(method: str) -> str:
-    if method in (None, "auto"):
-        return "subprocess" if multiprocessing.current_process().daemon else "spawn"
-    if method not in ("spawn", "forkserver", "subprocess"):
-        raise ValueError(f"start_method must be auto, spawn, forkserver or subprocess, got {method!r}")
+    if method not in ("subprocess", "spawn", "forkserver"):
+        raise ValueError(f"start_method must be subprocess, spawn or forkserver, got {method!r}")
+    if method != "subprocess" and multiprocessing.current_process().daemon:
+        return "subprocess"  # multiprocessing refuses to start children of a daemonic process
     return method
 
 
@@ -632,9 +642,7 @@ def boxed_exact_reward(completion: Any, gold: Any, **kwargs: Any) -> float:
 
 
 REWARD_FNS: dict[str, Callable[..., float]] = {
-    "math": math_reward,
-    "gsm8k": gsm8k_reward,
-    "boxed_exact": boxed_exact_reward,
+    "math": math_reward, "gsm8k": gsm8k_reward, "boxed_exact": boxed_exact_reward
 }
 
 
@@ -647,11 +655,7 @@ def get_reward_fn(name: str) -> Callable[..., float]:
 
 
 def score_batch(
-    completions: Sequence[Any],
-    golds: Sequence[Any],
-    *,
-    reward: str = "math",
-    time_limit: float | None = None,
+    completions: Sequence[Any], golds: Sequence[Any], *, reward: str = "math", time_limit: float | None = None
 ) -> tuple[list[float], dict[str, float]]:
     """Score a batch on the shared process-wide pool; see :meth:`RewardScorer.score`."""
     return _default_scorer().score(completions, golds, reward=reward, time_limit=time_limit)

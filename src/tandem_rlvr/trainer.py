@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from tandem_rlvr import checkpoint as ckpt_mod
-from tandem_rlvr import core
+from tandem_rlvr import core, dist
 from tandem_rlvr.config import Config, save_config
 from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.io import append_jsonl, read_jsonl
@@ -114,9 +114,11 @@ class Trainer:
 
         self.cfg = cfg
         self.run_dir = Path(cfg.train.out_dir)
-        self._prepare_run_dir(restart)
         self.plan = arm_plan(cfg)
-        self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir))
+        # Without an accelerator, cpu=True lets `accelerate launch` / torchrun run gloo DDP over CPU processes.
+        self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
+                               cpu=not torch.cuda.is_available())
+        self._prepare_run_dir_once(restart)
         if cfg.algo.mini_batch_prompts % self.acc.num_processes:
             raise TandemError(f"algo.mini_batch_prompts={cfg.algo.mini_batch_prompts} must be divisible by the "
                               f"number of processes ({self.acc.num_processes}) so each owns whole prompt groups")
@@ -144,6 +146,22 @@ class Trainer:
         self.best = {"val": None, "step": None}
 
     # -- run directory and resume -------------------------------------------------------------
+    def _prepare_run_dir_once(self, restart: bool) -> None:
+        """The main process prepares the run directory; every process learns the outcome."""
+        from accelerate.utils import broadcast_object_list
+
+        error = [None]
+        if self.acc.is_main_process:
+            try:
+                self._prepare_run_dir(restart)
+            except TandemError as e:
+                error = [str(e)]
+        if self.acc.num_processes > 1:
+            broadcast_object_list(error)
+            self.resume_from = ckpt_mod.latest_checkpoint(self.run_dir)
+        if error[0] is not None:
+            raise TandemError(error[0])
+
     def _prepare_run_dir(self, restart: bool) -> None:
         """Resume the run in ``train.out_dir`` if it is this config's, start fresh, or refuse."""
         d = self.run_dir
@@ -256,7 +274,7 @@ class Trainer:
             if junior_lp is None and self.junior is not None:
                 junior_lp = sequence_logps(self.junior, rollout, temp, cfg.algo.micro_batch)
         mask = loss_mask(rollout, plan)
-        metrics = _drift_metrics(old, junior_lp, rollout)
+        metrics = self._drift_metrics(old, junior_lp, rollout)
         senior.train()
         mb = cfg.algo.mini_batch_prompts * G // self.acc.num_processes
         acc_metrics: list[dict] = []
@@ -269,19 +287,11 @@ class Trainer:
         metrics["train/lr"] = self.sched.get_last_lr()[0]
         return metrics
 
-    def _global(self, value: float, op: str) -> float:
-        """Sum / max / mean of a scalar over processes."""
-        if self.acc.num_processes == 1:
-            return float(value)
-        t = torch.tensor([float(value)], device=self.acc.device)
-        return float(self.acc.reduce(t, reduction="sum" if op == "mean" else op)) / (
-            self.acc.num_processes if op == "mean" else 1)
-
     def _minibatch(self, rollout, rows, old, junior_lp, adv_B, mask) -> dict:
         cfg, plan, n_proc = self.cfg, self.plan, self.acc.num_processes
         token_mean = cfg.algo.loss_type in ("dapo", "token_mean")
-        n_tok = self._global(float(mask[rows].sum()), "sum")
-        max_len = int(self._global(float(rollout.response_mask_BT[rows].sum(-1).max()), "max"))
+        n_tok = dist.reduce_scalar(self.acc, float(mask[rows].sum()), "sum")
+        max_len = int(dist.reduce_scalar(self.acc, float(rollout.response_mask_BT[rows].sum(-1).max()), "max"))
         micro = cfg.algo.micro_batch or len(rows)
         chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
         self.opt.zero_grad(set_to_none=True)
@@ -297,22 +307,28 @@ class Trainer:
             # DDP averages gradients over processes: token-mean losses use the global token count, so
             # they are scaled by the process count; per-sequence means by this chunk's share of rows.
             weight = float(n_proc) if token_mean else len(r) / len(rows)
-            with self._maybe_no_sync(i < len(chunks) - 1):
+            with dist.no_sync_unless_last(self.acc, self.senior, i == len(chunks) - 1):
                 self.acc.backward(loss * weight)
-            parts.append({k: _num(v) for k, v in met.items()} | {"train/loss": _num(loss) * weight / (n_proc if token_mean else 1)})
+            met = {k: _num(v) for k, v in met.items()}
+            if token_mean and "train/pg_loss" in met:  # a process's share of the global token mean
+                met["train/pg_loss"] *= n_proc
+            parts.append(met | {"train/loss": _num(loss) * weight / (n_proc if token_mean else 1)})
         grad_norm = self._clip_and_step()
         keys = set().union(*parts) - {"train/loss"}
         out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in keys}
-        out["train/loss"] = self._global(sum(p["train/loss"] for p in parts), "mean") * (n_proc if token_mean else 1)
+        out["train/loss"] = dist.reduce_scalar(self.acc, sum(p["train/loss"] for p in parts), "mean") * (n_proc if token_mean else 1)
         out["train/grad_norm"] = grad_norm
         return out
 
-    def _maybe_no_sync(self, skip_sync: bool):
-        import contextlib
-
-        if skip_sync and self.acc.num_processes > 1:
-            return self.acc.no_sync(self.senior)
-        return contextlib.nullcontext()
+    def _drift_metrics(self, old_BT: torch.Tensor, junior_BT: torch.Tensor | None, rollout: Rollout) -> dict:
+        """Token means over senior-written tokens (global over processes) of log p_s - log p_j and k3."""
+        if junior_BT is None:
+            return {}
+        sm = rollout.response_mask_BT.float() * rollout.owner_BT.float()
+        n = max(1.0, dist.reduce_scalar(self.acc, float(sm.sum()), "sum"))
+        mc = dist.reduce_scalar(self.acc, float(((old_BT - junior_BT) * sm).sum()), "sum")
+        k3 = dist.reduce_scalar(self.acc, float((core.k3_kl(old_BT, junior_BT) * sm).sum()), "sum")
+        return {"kl/senior_junior": mc / n, "kl/senior_junior_k3": k3 / n}
 
     def _clip_and_step(self) -> float:
         params = [p for p in self.senior.parameters() if p.requires_grad]
@@ -333,7 +349,9 @@ class Trainer:
         t0 = time.perf_counter()
         rollout, idx = self.rollout(step)
         t1 = time.perf_counter()
-        frac = rollout.senior_token_frac()
+        senior_tok = float((rollout.owner_BT * rollout.response_mask_BT).sum())
+        frac = dist.reduce_scalar(self.acc, senior_tok, "sum") / max(
+            1.0, dist.reduce_scalar(self.acc, float(rollout.response_mask_BT.sum()), "sum"))
         if self.plan.mask_owner:
             check_senior_frac(frac, self.cfg)
         texts = rollout.texts(self.tok)
@@ -352,8 +370,13 @@ class Trainer:
             "rollout/rounds_mean": float(rollout.rounds_B.float().mean()),
             "rollout/finished_frac": float(rollout.finished_B.float().mean()),
             "train/nonfinite_run": self.nonfinite_run,
+            "dist/num_processes": self.acc.num_processes,
             "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2, "time/step_s": t3 - t0,
         })
+        all_r = self.acc.gather(rewards.to(self.acc.device)).float()
+        row = dist.reduce_row(self.acc, row)
+        row.update({"rollout/senior_token_frac": frac, "reward/mean": float(all_r.mean()),
+                    "reward/std": float(all_r.std()) if all_r.numel() > 1 else 0.0})
         return row
 
     # -- the loop -------------------------------------------------------------------------------
@@ -463,16 +486,6 @@ def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b and key not in RESUMABLE_CHANGES:
             out.append(f"{key}: {a!r} -> {b!r}")
     return out
-
-
-def _drift_metrics(old_BT: torch.Tensor, junior_BT: torch.Tensor | None, rollout: Rollout) -> dict:
-    if junior_BT is None:
-        return {}
-    sm = rollout.response_mask_BT.float() * rollout.owner_BT.float()
-    n = sm.sum().clamp(min=1)
-    diff = (old_BT - junior_BT) * sm
-    return {"kl/senior_junior": float(diff.sum() / n),
-            "kl/senior_junior_k3": float((core.k3_kl(old_BT, junior_BT) * sm).sum() / n)}
 
 
 def import_reward(spec: str):

@@ -1,0 +1,366 @@
+"""``tandem-rlvr eval``: load the models and benchmarks, run :func:`~tandem_rlvr.evaluate.evaluate_pair`
+for every (senior, benchmark), and write ``eval.json``, ``eval.md``, plots and the chains.
+
+Options come from flags, from ``--config eval.yaml`` (the same keys, with ``_`` or ``-``), then
+built-in defaults, in that order of precedence. Finished (senior, benchmark) parts are kept under
+``OUT/parts/`` with a fingerprint of everything that determines them, so an interrupted run resumes
+where it stopped (``--overwrite`` recomputes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {
+    "senior": None, "junior": None, "benchmark": None, "out": "eval_out", "n": 8, "max_new_tokens": 3000,
+    "limit": None, "seed": 0, "batch_size": 64, "reward": "math", "curve": True, "curve_ps": "1.0,0.75,0.5,0.25",
+    "temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_rounds": 150, "context": 4096, "split": None,
+    "problem_key": "problem", "answer_key": "answer", "id_key": "id", "trust_remote_code": False,
+    "dtype": "auto", "device": "auto", "reward_timeout_s": 2.0, "reward_workers": 2, "chunk_tokens": 1024,
+    "score_batch": 8, "progress": True, "overwrite": False,
+}
+LIST_KEYS = ("senior", "benchmark")
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    """The flags of ``tandem-rlvr eval`` (defaults are applied after merging ``--config``)."""
+    a = p.add_argument
+    a("--config", default=None, help="YAML file with any of the keys below (flags win)")
+    a("--senior", action="append", default=None, metavar="[NAME=]PATH_OR_HUB",
+      help="senior model; repeat to compare several (e.g. --senior base=Qwen/... --senior grpo=runs/grpo/final)")
+    a("--junior", default=None, help="frozen junior model (path or hub name)")
+    a("--benchmark", action="append", default=None, metavar="NAME_OR_FILE",
+      help="benchmark name (e.g. math500) or local JSONL/JSON/CSV/parquet file; repeatable")
+    a("--out", default=None, help="output directory (default eval_out)")
+    a("--n", type=int, default=None, help="samples per problem (default 8)")
+    a("--max-new-tokens", type=int, default=None, help="response budget shared by both authors (default 3000)")
+    a("--limit", type=int, default=None, help="first N problems of each benchmark (default all)")
+    a("--seed", type=int, default=None, help="sampling seed (default 0)")
+    a("--batch-size", type=int, default=None, help="chains per generation call (default 64)")
+    a("--reward", default=None, help="reward function: math (default), gsm8k, boxed_exact")
+    a("--no-curve", dest="curve", action="store_const", const=False, default=None, help="skip the handoff-rate curve")
+    a("--curve-ps", default=None, help="P(senior) values of the curve (default 1.0,0.75,0.5,0.25)")
+    a("--temperature", type=float, default=None, help="default 0.7")
+    a("--top-p", type=float, default=None, help="default 0.8")
+    a("--top-k", type=int, default=None, help="default 20")
+    a("--max-rounds", type=int, default=None, help="handoff chains stop after this many turns (default 150)")
+    a("--context", type=int, default=None, help="prompt + response token limit (default 4096)")
+    a("--split", default=None, help="split of a named benchmark")
+    a("--problem-key", default=None, help="problem column of a local file (default problem)")
+    a("--answer-key", default=None, help="answer column of a local file (default answer)")
+    a("--id-key", default=None, help="id column of a local file (default id; the row index where missing)")
+    a("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True, default=None)
+    a("--dtype", default=None, help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+    a("--device", default=None, help="auto (default), cpu, cuda, cuda:1, ...")
+    a("--reward-timeout-s", type=float, default=None, help="hard time limit of one answer check (default 2)")
+    a("--reward-workers", type=int, default=None, help="answer-checking worker processes (default 2)")
+    a("--chunk-tokens", type=int, default=None, help="tokens per vocabulary-sized scoring chunk (default 1024)")
+    a("--score-batch", type=int, default=None, help="chains per teacher-forced scoring forward (default 8)")
+    a("--no-progress", dest="progress", action="store_const", const=False, default=None)
+    a("--overwrite", dest="overwrite", action="store_const", const=True, default=None,
+      help="recompute finished (senior, benchmark) parts instead of reusing them")
+
+
+@dataclass
+class EvalOptions:
+    """Resolved options of one ``tandem-rlvr eval`` run."""
+
+    seniors: dict[str, str]
+    junior: str
+    benchmarks: list[str]
+    out: str
+    n: int = 8
+    max_new_tokens: int = 3000
+    limit: int | None = None
+    seed: int = 0
+    batch_size: int = 64
+    reward: str = "math"
+    curve_ps: list[float] = field(default_factory=lambda: [1.0, 0.75, 0.5, 0.25])
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    max_rounds: int = 150
+    context: int = 4096
+    split: str | None = None
+    problem_key: str = "problem"
+    answer_key: str = "answer"
+    id_key: str | None = "id"
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    device: str = "auto"
+    reward_timeout_s: float = 2.0
+    reward_workers: int = 2
+    chunk_tokens: int = 1024
+    score_batch: int = 8
+    progress: bool = True
+    overwrite: bool = False
+
+
+def _read_config(path: str | None) -> dict:
+    from tandem_rlvr.config import ConfigError
+
+    if path is None:
+        return {}
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"eval config file {path!r} does not exist")
+    data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"eval config file {path!r} must hold a mapping")
+    out = {}
+    for k, v in data.items():
+        key = str(k).replace("-", "_")
+        key = {"seniors": "senior", "benchmarks": "benchmark", "no_curve": "curve"}.get(key, key)
+        if key not in DEFAULTS:
+            raise ConfigError(f"unknown eval config key {k!r} in {path!r}; valid: {', '.join(sorted(DEFAULTS))}")
+        out[key] = (not v) if str(k).replace("-", "_") == "no_curve" else v
+    return out
+
+
+def _senior_map(value) -> dict[str, str]:
+    from tandem_rlvr.config import ConfigError
+
+    if isinstance(value, dict):
+        items = [(str(k), str(v)) for k, v in value.items()]
+    else:
+        items = []
+        for s in [value] if isinstance(value, str) else list(value):
+            s = str(s)
+            name, _, path = s.partition("=")
+            if not path or "/" in name or not name:
+                name, path = "", s
+            items.append((name, path))
+    out: dict[str, str] = {}
+    for name, path in items:
+        base = name or Path(path.rstrip("/")).name or path
+        key, i = base, 2
+        while key in out:
+            key, i = f"{base}_{i}", i + 1
+        out[key] = path
+    if not out:
+        raise ConfigError("eval needs at least one --senior")
+    return out
+
+
+def resolve_options(args: argparse.Namespace) -> EvalOptions:
+    """Merge flags > ``--config`` file > defaults, and check them."""
+    from tandem_rlvr.config import ConfigError
+
+    merged = dict(DEFAULTS)
+    merged.update(_read_config(getattr(args, "config", None)))
+    merged.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None})
+    for key in ("senior", "junior", "benchmark"):
+        if not merged[key]:
+            raise ConfigError(f"eval needs --{key} (or {key}: in the --config file)")
+    ps = merged.pop("curve_ps")
+    ps = [float(x) for x in (ps.split(",") if isinstance(ps, str) else ps)] if merged.pop("curve") else []
+    bench = merged.pop("benchmark")
+    opts = EvalOptions(seniors=_senior_map(merged.pop("senior")), benchmarks=[bench] if isinstance(bench, str) else list(bench),
+                       curve_ps=ps, **merged)
+    checks = [(opts.n >= 1, "n must be >= 1"), (opts.batch_size >= 1, "batch_size must be >= 1"),
+              (opts.max_new_tokens >= 1, "max_new_tokens must be >= 1"), (opts.temperature >= 0, "temperature must be >= 0"),
+              (0 < opts.top_p <= 1 and opts.top_k >= 0, "top_p must be in (0, 1] and top_k >= 0"),
+              (all(0 <= p <= 1 for p in opts.curve_ps), "curve_ps must lie in [0, 1]"),
+              (opts.context > 1 and opts.max_rounds >= 1, "context must be > 1 and max_rounds >= 1")]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(f"eval: {msg}")
+    return opts
+
+
+# ---------------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------------
+
+
+class AtomicJsonl:
+    """Stream JSON rows into a temporary file next to ``path``; on success fsync and rename it."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __enter__(self) -> AtomicJsonl:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        from tandem_rlvr.report import file_mode
+
+        os.chmod(self.tmp, file_mode())
+        self.f = os.fdopen(fd, "w", encoding="utf-8")
+        return self
+
+    def write(self, row: dict) -> None:
+        self.f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc_type is None:
+                self.f.flush()
+                os.fsync(self.f.fileno())
+        finally:
+            self.f.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            Path(self.tmp).unlink(missing_ok=True)
+        return False
+
+
+def slug(name: str) -> str:
+    """A file-name-safe version of a senior or benchmark name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "x"
+
+
+def _stamp(path: str) -> list:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.iterdir() if f.is_file())
+    return [path]
+
+
+def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples) -> str:
+    keys = ("n", "max_new_tokens", "seed", "batch_size", "reward", "curve_ps", "temperature", "top_p", "top_k",
+            "max_rounds", "context", "dtype", "device")
+    blob = {k: getattr(opts, k) for k in keys}
+    blob.update(senior=[senior_path, _stamp(senior_path)], junior=[opts.junior, _stamp(opts.junior)], source=source,
+                data=hashlib.sha256(json.dumps([[str(e.id), e.problem, str(e.answer)] for e in examples]).encode()).hexdigest())
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------------
+
+
+def _device_dtype(opts: EvalOptions):
+    import torch
+
+    device = opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = opts.dtype if opts.dtype != "auto" else ("bfloat16" if str(device).startswith("cuda") else "float32")
+    return torch.device(device), dtype
+
+
+def _load_benchmarks(opts: EvalOptions) -> dict[str, tuple[str, list]]:
+    from tandem_rlvr.data import load_examples
+
+    out: dict[str, tuple[str, list]] = {}
+    for src in opts.benchmarks:
+        name = Path(src).stem if Path(src).expanduser().is_file() else src
+        key, i = name, 2
+        while key in out:
+            key, i = f"{name}_{i}", i + 1
+        ex = load_examples(src, opts.split, problem_key=opts.problem_key, answer_key=opts.answer_key,
+                           id_key=opts.id_key, limit=opts.limit)
+        out[key] = (src, list(ex))
+        log.info("benchmark %s: %d problems from %s", key, len(out[key][1]), src)
+    return out
+
+
+def _pair_kwargs(opts: EvalOptions) -> dict:
+    from tandem_rlvr.evaluate import eval_sampling
+
+    return dict(n=opts.n, sampling=eval_sampling(opts.max_new_tokens, opts.temperature, opts.top_p, opts.top_k),
+                seed=opts.seed, curve_ps=opts.curve_ps, batch_size=opts.batch_size, max_rounds=opts.max_rounds,
+                context=opts.context, chunk_tokens=opts.chunk_tokens, score_batch=opts.score_batch,
+                progress=opts.progress, keep_chains=False)
+
+
+def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer) -> dict:
+    from tandem_rlvr.evaluate import evaluate_pair
+    from tandem_rlvr.io import atomic_write_json
+    from tandem_rlvr.metrics import macro_average
+    from tandem_rlvr.models import check_tokenizers, freeze, load_causal_lm, load_tokenizer
+
+    out, device, dtype = Path(opts.out), *_device_dtype(opts)
+    tok = load_tokenizer(path, trust_remote_code=opts.trust_remote_code, role=f"senior {name!r}")
+    check_tokenizers(tok, junior_tok, path, opts.junior)
+    senior, per = None, {}
+    for bname, (src, examples) in benches.items():
+        fp = _fingerprint(opts, path, src, examples)
+        part = out / "parts" / f"{slug(name)}__{slug(bname)}.json"
+        chains = out / "chains" / slug(name) / f"{slug(bname)}.jsonl"
+        if not opts.overwrite and part.is_file() and chains.is_file():
+            saved = json.loads(part.read_text(encoding="utf-8"))
+            if saved.get("fingerprint") == fp:
+                log.info("reusing finished %s / %s from %s", name, bname, part)
+                per[bname] = saved["metrics"]
+                continue
+        if senior is None:
+            senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
+                                           role=f"senior {name!r}")).to(device)
+        t0 = time.perf_counter()
+        with AtomicJsonl(chains) as sink:
+            metrics, _ = evaluate_pair(senior, junior, tok, examples, scorer=scorer, sink=sink.write,
+                                       labels={"senior": name, "benchmark": bname}, **_pair_kwargs(opts))
+        metrics["time_s"] = time.perf_counter() - t0
+        atomic_write_json(part, {"fingerprint": fp, "metrics": metrics})
+        per[bname] = metrics
+    del senior
+    gc.collect()
+    return {"per_benchmark": per, "macro": macro_average(per)}
+
+
+def _settings(opts: EvalOptions, benches: dict) -> dict:
+    import torch
+    import transformers
+
+    s = asdict(opts)
+    s["benchmarks"] = {k: v[0] for k, v in benches.items()}
+    s["ks"] = [k for k in (1, 2, 4, 8) if k <= opts.n]
+    s["curve_p1_is_solo"] = 1.0 in opts.curve_ps
+    s["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
+    return s
+
+
+def run_eval(opts: EvalOptions) -> dict:
+    """Run a whole evaluation; returns the ``eval.json`` object (also written with the other outputs)."""
+    from tandem_rlvr.io import atomic_write_json
+    from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
+    from tandem_rlvr.report import write_eval_report
+    from tandem_rlvr.evaluate import open_scorer
+
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device, dtype = _device_dtype(opts)
+    benches = _load_benchmarks(opts)
+    junior_tok = load_tokenizer(opts.junior, trust_remote_code=opts.trust_remote_code, role="junior")
+    junior = freeze(load_causal_lm(opts.junior, dtype=dtype, trust_remote_code=opts.trust_remote_code, role="junior")).to(device)
+    t0 = time.perf_counter()
+    results = {}
+    with open_scorer(opts.reward, opts.reward_timeout_s, opts.reward_workers) as scorer:
+        for name, path in opts.seniors.items():
+            results[name] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer)
+    settings = _settings(opts, benches) | {"elapsed_s": time.perf_counter() - t0}
+    if len(results) == 1:
+        (name, res), = results.items()
+        obj = {"senior": name, **res, "settings": settings}
+    else:
+        obj = {"seniors": results, "settings": settings}
+    atomic_write_json(out / "eval.json", obj)
+    write_eval_report(out, results, settings)
+    return obj
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """``tandem-rlvr eval``: resolve the options, run, print the headline table."""
+    from tandem_rlvr.report import seniors_table
+
+    opts = resolve_options(args)
+    obj = run_eval(opts)
+    results = obj.get("seniors") or {obj["senior"]: obj}
+    print(seniors_table(results))
+    print(f"wrote {Path(opts.out) / 'eval.json'}, eval.md, plots and chains/ under {opts.out}")
+    return 0

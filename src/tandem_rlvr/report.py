@@ -1,0 +1,235 @@
+"""Evaluation tables (Markdown) and plots (PNG) from ``eval.json``-shaped results.
+
+Every function takes plain dicts, so other reports (the demo's) can reuse them. A *result* is
+``{"per_benchmark": {name: metrics}, "macro": metrics}``; several seniors are ``{senior: result}``.
+Plots are written atomically (temporary file in the same folder, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+PCT_KEYS_PREFIX = ("solo_pass@", "handoff_pass@")
+
+# (metric key, column header, formatter kind)
+SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("n_problems", "problems", "int"),
+    ("solo_pass@1", "solo p@1 (%)", "pct"),
+    ("solo_pass@8", "solo p@8 (%)", "pct"),
+    ("handoff_pass@1", "handoff p@1 (%)", "pct"),
+    ("communication_tax", "tax (pts)", "pts"),
+    ("junior_ce", "junior CE (nats)", "f3"),
+    ("junior_top1", "junior top-1 (%)", "pct"),
+    ("kl_senior_junior", "KL MC", "f4"),
+    ("kl_senior_junior_exact", "KL exact", "f4"),
+)
+
+
+def fmt(value, kind: str = "f3", se=None) -> str:
+    """Format one cell: ``pct`` (×100, 1 decimal), ``pts`` (signed), ``int``, ``f3``/``f4``; '–' if missing."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if kind == "int":
+        return str(int(value))
+    if kind == "pct":
+        s = f"{100.0 * value:.1f}"
+        return s + (f" ± {100.0 * se:.1f}" if se is not None else "")
+    if kind == "pts":
+        s = f"{value:+.1f}"
+        return s + (f" ± {se:.1f}" if se is not None else "")
+    digits = int(kind[1:]) if kind.startswith("f") else 3
+    return f"{value:.{digits}f}"
+
+
+def _cell(metrics: Mapping, key: str, kind: str, with_se: bool) -> str:
+    se = metrics.get(f"{key}_se") if with_se else None
+    return fmt(metrics.get(key), kind, se)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _present(columns, rows_metrics: Sequence[Mapping]):
+    return [c for c in columns if any(c[0] in m for m in rows_metrics)]
+
+
+def benchmark_table(result: Mapping, columns=SUMMARY_COLUMNS, with_se: bool = True) -> str:
+    """One senior: a row per benchmark plus the macro average."""
+    per = result.get("per_benchmark", {})
+    rows_m = [*per.values(), result.get("macro", {})]
+    cols = _present(columns, rows_m)
+    rows = [[name, *(_cell(m, k, f, with_se) for k, _, f in cols)] for name, m in per.items()]
+    if len(per) > 1 or not per:
+        rows.append(["**macro**", *(_cell(result.get("macro", {}), k, f, with_se) for k, _, f in cols)])
+    return markdown_table(["benchmark", *(h for _, h, _ in cols)], rows)
+
+
+def seniors_table(results: Mapping[str, Mapping], columns=SUMMARY_COLUMNS, scope: str = "macro",
+                  with_se: bool = True) -> str:
+    """Several seniors side by side: a row per senior with its ``scope`` metrics (``macro`` or a benchmark)."""
+    def pick(r):
+        return r.get("macro", {}) if scope == "macro" else r.get("per_benchmark", {}).get(scope, {})
+
+    cols = _present(columns, [pick(r) for r in results.values()])
+    rows = [[name, *(_cell(pick(r), k, f, with_se) for k, _, f in cols)] for name, r in results.items()]
+    return markdown_table(["senior", *(h for _, h, _ in cols)], rows)
+
+
+def pass_at_k_table(results: Mapping[str, Mapping], scope: str = "macro") -> str:
+    """Solo and handoff pass@k (%) for every k present, a row per senior."""
+    def pick(r):
+        return r.get("macro", {}) if scope == "macro" else r.get("per_benchmark", {}).get(scope, {})
+
+    keys = sorted({k for r in results.values() for k in pick(r) if k.startswith(PCT_KEYS_PREFIX) and not k.endswith("_se")},
+                  key=lambda k: (not k.startswith("solo"), int(k.split("@")[1])))
+    rows = [[name, *(fmt(pick(r).get(k), "pct") for k in keys)] for name, r in results.items()]
+    return markdown_table(["senior", *(k.replace("_pass@", " p@") for k in keys)], rows)
+
+
+def curve_table(results: Mapping[str, Mapping], scope: str = "macro") -> str:
+    """Handoff-rate curve: pass@1 (%) of word-level tandem at each P(senior), a row per senior."""
+    def curve(r):
+        m = r.get("macro", {}) if scope == "macro" else r.get("per_benchmark", {}).get(scope, {})
+        return m.get("curve", {})
+
+    ps = sorted({p for r in results.values() for p in curve(r)}, key=float, reverse=True)
+    rows = [[name, *(fmt(curve(r).get(p), "pct") for p in ps)] for name, r in results.items()]
+    return markdown_table(["senior", *(f"p={p}" for p in ps)], rows)
+
+
+def decile_table(results: Mapping[str, Mapping], scope: str = "macro") -> str:
+    """Junior CE (nats) by relative token position decile of the senior's solo chains."""
+    def dec(r):
+        m = r.get("macro", {}) if scope == "macro" else r.get("per_benchmark", {}).get(scope, {})
+        return m.get("junior_ce_by_decile") or []
+
+    n = max((len(dec(r)) for r in results.values()), default=0)
+    rows = [[name, *(fmt(v, "f3") for v in dec(r))] for name, r in results.items()]
+    return markdown_table(["senior", *(f"{10 * i}–{10 * (i + 1)}%" for i in range(n))], rows)
+
+
+def eval_markdown(results: Mapping[str, Mapping], settings: Mapping | None = None, plots: Sequence[str] = ()) -> str:
+    """The full ``eval.md``: headline comparison, per-benchmark tables, pass@k, curve, deciles, settings."""
+    parts = ["# Tandem RLVR evaluation", ""]
+    if settings:
+        parts += [_settings_line(settings), ""]
+    parts += ["## Summary (macro average over benchmarks)", "", seniors_table(results), "",
+              "pass@k and accuracies in %, ± one standard error over problems; tax = solo − handoff pass@1 "
+              "in points; junior CE/top-1 on the senior's solo chains (lower CE = more legible); KL = mean "
+              "per-token KL(senior ‖ junior) on the solo chains (nats).", ""]
+    for name, r in results.items():
+        parts += [f"## {name}: per benchmark", "", benchmark_table(r), ""]
+    parts += ["## pass@k (macro)", "", pass_at_k_table(results), ""]
+    if any(r.get("macro", {}).get("curve") for r in results.values()):
+        parts += ["## Handoff-rate curve (macro pass@1 of word-level tandem, P(senior) = p)", "", curve_table(results), ""]
+    if any(r.get("macro", {}).get("junior_ce_by_decile") for r in results.values()):
+        parts += ["## Junior CE by position in the senior's chain (macro)", "", decile_table(results), ""]
+    parts += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _settings_line(s: Mapping) -> str:
+    keys = ("junior", "n", "temperature", "top_p", "top_k", "max_new_tokens", "max_rounds", "seed", "reward")
+    return "Settings: " + ", ".join(f"{k} = {s[k]}" for k in keys if k in s) + "."
+
+
+# ---------------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------------
+
+
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Save a matplotlib figure atomically as PNG and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, file_mode())  # mkstemp makes 0600; give the usual file mode
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path
+
+
+def file_mode() -> int:
+    """The mode a plainly created file gets here (``0o666`` less the process umask)."""
+    old = os.umask(0o022)
+    os.umask(old)
+    return 0o666 & ~old
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(5.5, 3.8))
+
+
+def plot_handoff_curve(curves: Mapping[str, Mapping], path: str | Path, title: str = "Handoff-rate curve",
+                       solo: Mapping[str, float] | None = None) -> Path:
+    """pass@1 (%) against P(senior) of word-level tandem, a line per senior (``{senior: {p: acc}}``)."""
+    fig, ax = _figure()
+    for name, curve in curves.items():
+        ps = sorted(curve, key=float)
+        ax.plot([float(p) for p in ps], [100.0 * curve[p] for p in ps], marker="o", label=name)
+    for name, acc in (solo or {}).items():
+        ax.axhline(100.0 * acc, linestyle=":", linewidth=1, color="gray")
+    ax.set_xlabel("P(senior) per word handoff")
+    ax.set_ylabel("pass@1 (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend()
+    return save_figure(fig, path)
+
+
+def plot_ce_deciles(deciles: Mapping[str, Sequence[float]], path: str | Path,
+                    title: str = "Junior CE by position in the senior's chain") -> Path:
+    """Junior CE (nats) per relative position decile, a line per senior."""
+    fig, ax = _figure()
+    for name, vals in deciles.items():
+        xs = [10 * i + 5 for i in range(len(vals))]
+        ax.plot(xs, [v if v is not None else float("nan") for v in vals], marker="o", label=name)
+    ax.set_xlabel("position in chain (% of its length, decile centre)")
+    ax.set_ylabel("junior CE (nats / token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if deciles:
+        ax.legend()
+    return save_figure(fig, path)
+
+
+def write_eval_report(out_dir: str | Path, results: Mapping[str, Mapping], settings: Mapping | None = None) -> list[Path]:
+    """Write ``eval.md``, ``handoff_curve.png`` and ``junior_ce_deciles.png`` (when there is data)."""
+    from tandem_rlvr.io import atomic_write_text
+
+    out = Path(out_dir)
+    plots: list[Path] = []
+    curves = {n: r["macro"]["curve"] for n, r in results.items() if r.get("macro", {}).get("curve")}
+    if curves:
+        plots.append(plot_handoff_curve(curves, out / "handoff_curve.png"))
+    dec = {n: r["macro"]["junior_ce_by_decile"] for n, r in results.items() if r.get("macro", {}).get("junior_ce_by_decile")}
+    if dec:
+        plots.append(plot_ce_deciles(dec, out / "junior_ce_deciles.png"))
+    md = out / "eval.md"
+    atomic_write_text(md, eval_markdown(results, settings, [str(p) for p in plots]))
+    return [md, *plots]
