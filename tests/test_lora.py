@@ -1,6 +1,5 @@
 """LoRA self-pairing: the junior is the senior's base weights with the adapter off (one copy)."""
 
-import copy
 
 import torch
 

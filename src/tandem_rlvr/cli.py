@@ -72,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; user errors print one clear line and exit 2 (``TANDEM_DEBUG=1`` shows tracebacks)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tandem_rlvr.errors import USER_ERRORS
+    from tandem_rlvr.errors import user_errors
 
     try:
         return int(args.func(args) or 0)
-    except USER_ERRORS as e:
+    except user_errors() as e:
         if os.environ.get("TANDEM_DEBUG"):
             raise
         print(f"tandem-rlvr {args.command}: error: {e}", file=sys.stderr)

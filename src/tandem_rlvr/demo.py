@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 
 from tandem_rlvr.config import load_config
 from tandem_rlvr.io import atomic_write_json

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 

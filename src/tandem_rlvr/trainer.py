@@ -11,27 +11,22 @@ from __future__ import annotations
 import logging
 import math
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from tandem_rlvr import checkpoint as ckpt_mod
-from tandem_rlvr import core, dist
-from tandem_rlvr.config import Config, save_config
+from tandem_rlvr import core, dist, rundir
+from tandem_rlvr.config import Config
+from tandem_rlvr.errors import TandemError
 from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.io import append_jsonl, read_jsonl
+from tandem_rlvr.io import append_jsonl
 from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts, generate
 
 log = logging.getLogger(__name__)
-
-
-class TandemError(RuntimeError):
-    """A run that must stop rather than train the wrong thing (fails closed)."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +148,7 @@ class Trainer:
         error = [None]
         if self.acc.is_main_process:
             try:
-                self._prepare_run_dir(restart)
+                self.resume_from = rundir.prepare(self.run_dir, self.cfg, restart)
             except TandemError as e:
                 error = [str(e)]
         if self.acc.num_processes > 1:
@@ -162,41 +157,18 @@ class Trainer:
         if error[0] is not None:
             raise TandemError(error[0])
 
-    def _prepare_run_dir(self, restart: bool) -> None:
-        """Resume the run in ``train.out_dir`` if it is this config's, start fresh, or refuse."""
-        d = self.run_dir
-        if restart and d.exists():
-            shutil.rmtree(d)
-        old_cfg = d / "config.yaml"
-        self.resume_from = ckpt_mod.latest_checkpoint(d)
-        has_progress = self.resume_from is not None or bool(read_jsonl(d / "metrics.jsonl"))
-        if has_progress:
-            if not old_cfg.exists():
-                raise TandemError(f"run directory {str(d)!r} holds a run without config.yaml; "
-                                  "pass --restart to start over or choose another train.out_dir")
-            changed = _config_changes(yaml.safe_load(old_cfg.read_text()), self.cfg.to_dict())
-            if changed:
-                raise TandemError(
-                    f"run directory {str(d)!r} holds a run with a different config ({'; '.join(changed[:5])}); "
-                    "pass --restart to start over or choose another train.out_dir"
-                )
-        d.mkdir(parents=True, exist_ok=True)
-        save_config(self.cfg, d / "config.yaml")
-
     def _resume(self) -> None:
         if self.resume_from is None:
-            (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            if self.acc.is_main_process:
+                (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
             return
         state = ckpt_mod.load_checkpoint(self.resume_from, model=self.acc.unwrap_model(self.senior),
                                          optimizer=self.opt, scheduler=self.sched)
         self.step = int(state["step"])
         self.nonfinite_run = int(state.get("nonfinite_run", 0))
         self.best = state.get("best", self.best)
-        rows = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r.get("step", 0) <= self.step]
-        from tandem_rlvr.io import atomic_write_text
-        import json
-
-        atomic_write_text(self.run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        if self.acc.is_main_process:
+            rundir.truncate_metrics(self.run_dir, self.step)
         log.info("resumed from %s at step %d", self.resume_from, self.step)
 
     # -- one step -------------------------------------------------------------------------------
@@ -469,23 +441,6 @@ class _Null:
 
     def __exit__(self, *exc):
         return False
-
-
-RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.save_every", "train.keep_last", "train.trackers",
-                     "train.max_nonfinite", "val.every", "data.reward_workers"}
-
-
-def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ, except those a resumed run may change."""
-    out = []
-    for k in sorted(set(old) | set(new)):
-        key = f"{prefix}{k}"
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _config_changes(a, b, key + ".")
-        elif a != b and key not in RESUMABLE_CHANGES:
-            out.append(f"{key}: {a!r} -> {b!r}")
-    return out
 
 
 def import_reward(spec: str):
