@@ -8,6 +8,7 @@ at load time; the resolved config is written to the run directory. This module k
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ class ModelConfig:
     junior: str | None = _f(None, "Junior (frozen) model: local directory or hub name. Unused when self_paired.")
     self_paired: bool = _f(False, "Junior = frozen copy of the senior's starting weights (the paper's main setting).")
     trust_remote_code: bool = _f(False, "Allow model code from the checkpoint to run. Off unless you ask.")
+    bridge: bool = _f(False, "Junior with a different tokenizer: co-write through text, re-encoding each turn (trlvr with handoff step or alternate only).")
     dtype: str = _f("float32", "Weights dtype: float32, bfloat16 or float16.")
     lora_r: int = _f(0, "LoRA rank for the senior (0 = full fine-tuning). With self_paired, the junior is the base with the adapter off.")
     lora_alpha: int = _f(32, "LoRA alpha.")
@@ -212,8 +214,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
             data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid UTF-8 (byte {e.start})") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_why(e)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
         _merge(cfg, data)
@@ -221,6 +225,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         _merge(cfg, parse_overrides(overrides))
     validate(cfg)
     return cfg
+
+
+def _yaml_why(e: yaml.YAMLError) -> str:
+    """One line: the parser's problem and where (PyYAML's own message spans several lines)."""
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{what} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else what
 
 
 def validate(cfg: Config) -> None:
@@ -240,7 +251,9 @@ def validate(cfg: Config) -> None:
         (a.arm != "kl_reg" or a.kl_beta > 0, "algo.kl_beta", "must be > 0 for the kl_reg arm"),
         (a.arm == "kl_reg" or a.kl_beta == 0, "algo.kl_beta", f"is only used by the kl_reg arm; set it to 0 for {a.arm!r}"),
         (0 < a.clip_eps < 1, "algo.clip_eps", f"must be in (0, 1), got {a.clip_eps}"),
-        (a.lr > 0, "algo.lr", "must be > 0"),
+        (a.lr > 0 and math.isfinite(a.lr), "algo.lr", f"must be a finite number > 0, got {a.lr}"),
+        (a.max_grad_norm >= 0, "algo.max_grad_norm", f"must be >= 0 (0 = off), got {a.max_grad_norm}"),
+        (a.clip_eps_high is None or a.clip_eps_high > 0, "algo.clip_eps_high", f"must be > 0 or None, got {a.clip_eps_high}"),
         (a.mini_batch_prompts >= 1 and t.prompts_per_step % a.mini_batch_prompts == 0, "algo.mini_batch_prompts",
          f"must divide train.prompts_per_step ({t.prompts_per_step}), got {a.mini_batch_prompts}"),
         (a.ppo_epochs >= 1 and a.micro_batch >= 0, "algo.ppo_epochs", "ppo_epochs must be >= 1 and micro_batch >= 0"),
@@ -253,8 +266,12 @@ def validate(cfg: Config) -> None:
         (r.batch_size == 0 or r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
         (t.save_every >= 0 and t.keep_last >= 1, "train.save_every", "save_every must be >= 0 and keep_last >= 1"),
-        (cfg.data.reward_timeout_s > 0 and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),
+        (t.max_nonfinite >= 1, "train.max_nonfinite", f"must be >= 1, got {t.max_nonfinite}"),
+        (0 < cfg.data.reward_timeout_s < math.inf and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),
         (cfg.val.every == 0 or bool(cfg.val.data), "val.data", "is required when val.every > 0"),
+        (not cfg.model.bridge or (a.arm == "trlvr" and h.schedule in ("step", "alternate") and not cfg.model.self_paired),
+         "model.bridge", "needs algo.arm=trlvr, handoff.schedule step or alternate, and a separate model.junior "
+         "(word handoffs and per-token KL need one shared vocabulary)"),
         (cfg.data.reward in ("math", "gsm8k", "boxed_exact") or ":" in cfg.data.reward, "data.reward",
          f"must be math, gsm8k, boxed_exact or package.module:function, got {cfg.data.reward!r}"),
     ]

@@ -46,17 +46,32 @@ def _check_exists(name: str, role: str) -> None:
         raise ModelLoadError(f"{role} model directory {name!r} has no config.json")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt",
+                   "spiece.model", "tekken.json")
+
+
+def _why(e: BaseException, name: str) -> str:
+    """The first line of a loader's error, and a hint when ``name`` is no local path (a hub name)."""
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    if not Path(name).expanduser().exists():
+        return f"{first} ({name!r} is not a local path, so it was looked up on the Hugging Face hub)"
+    return first
+
+
 def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "senior"):
     """Load a tokenizer (left padding; pad falls back to EOS) or raise naming ``name``."""
     from transformers import AutoTokenizer
 
     name = resolve_name(name)
     _check_exists(name, role)
+    p = Path(name).expanduser()
+    if p.is_dir() and not any((p / f).exists() for f in TOKENIZER_FILES) and not any(p.glob("*.gguf")):
+        raise ModelLoadError(f"{role} model directory {name!r} has no tokenizer files "
+                             f"(none of {', '.join(TOKENIZER_FILES[:2])}, ...)")
     try:
-        tok = AutoTokenizer.from_pretrained(str(Path(name).expanduser()) if Path(name).expanduser().exists() else name,
-                                            trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(str(p) if p.exists() else name, trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many types here
-        raise ModelLoadError(f"could not load the {role} tokenizer from {name!r}: {e}") from None
+        raise ModelLoadError(f"could not load the {role} tokenizer from {name!r}: {_why(e, name)}") from None
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
@@ -75,7 +90,7 @@ def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:
-        raise ModelLoadError(f"could not read the {role} model config from {name!r}: {e}") from None
+        raise ModelLoadError(f"could not read the {role} model config from {name!r}: {_why(e, name)}") from None
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=None
@@ -86,7 +101,7 @@ def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool
             f"that transformers can load: {str(e).splitlines()[0]}"
         ) from None
     except Exception as e:
-        raise ModelLoadError(f"could not load the {role} model from {name!r}: {e}") from None
+        raise ModelLoadError(f"could not load the {role} model from {name!r}: {_why(e, name)}") from None
     return model
 
 
@@ -109,7 +124,8 @@ def check_tokenizers(senior_tok, junior_tok, senior_name: str, junior_name: str)
     raise ModelLoadError(
         f"tokenizers of senior {senior_name!r} ({len(vs)} tokens) and junior {junior_name!r} ({len(vj)} tokens) "
         f"are not compatible: {only_s} tokens only in the senior's, {only_j} only in the junior's, "
-        f"{moved} with different ids. Tandem decoding needs the same vocabulary ids."
+        f"{moved} with different ids. Tandem decoding needs the same vocabulary ids; for step-level handoffs "
+        "between different tokenizers set model.bridge: true (text bridge)."
     )
 
 
@@ -158,6 +174,7 @@ class Pair:
     junior: object
     tokenizer: object
     lora: bool = False
+    junior_tokenizer: object = None  # set only for a text-bridged junior with its own vocabulary
 
 
 def _apply_lora(model, mcfg):
@@ -180,10 +197,12 @@ def load_pair(mcfg) -> Pair:
         junior = freeze(copy.deepcopy(senior))
     else:
         jtok = load_tokenizer(mcfg.junior, trust_remote_code=trc, role="junior")
-        check_tokenizers(tok, jtok, mcfg.senior, mcfg.junior)
         junior = freeze(load_causal_lm(mcfg.junior, dtype=mcfg.dtype, trust_remote_code=trc, role="junior"))
         if mcfg.lora_r > 0:
             senior = _apply_lora(senior, mcfg)
+        if getattr(mcfg, "bridge", False):
+            return Pair(senior, junior, tok, lora=mcfg.lora_r > 0, junior_tokenizer=jtok)
+        check_tokenizers(tok, jtok, mcfg.senior, mcfg.junior)
     _check_rows(senior, junior, tok, mcfg)
     return Pair(senior, junior, tok, lora=mcfg.lora_r > 0)
 

@@ -123,6 +123,7 @@ class Trainer:
         self.eos = eos_ids(self.tok, self.pair.senior)
         self.examples = examples if examples is not None else _load_train(cfg)
         self.prompts, self.prompt_example = _encode_prompts(self.tok, self.examples, cfg.rollout.max_prompt_tokens)
+        self.bridge = self.pair.junior_tokenizer is not None
         self.reward_fn = reward_fn if reward_fn is not None else import_reward(cfg.data.reward)
         self.text_metrics = text_metrics
         self.schedule = make_schedule(self.plan.schedule, self.tok, p=cfg.handoff.p, max_gap=cfg.handoff.max_gap,
@@ -211,6 +212,10 @@ class Trainer:
         for c in range(0, len(local), chunk_prompts):
             chunk = local[c:c + chunk_prompts]
             rows = [i for _, i in chunk for _ in range(G)]
+            if self.bridge:
+                parts.append(self._bridge_rollout(senior, rows, sampling, _step_seed(cfg.train.seed, step) + chunk[0][0]))
+                idx.extend(rows)
+                continue
             enc = self.tok.pad({"input_ids": [self.prompts[i] for i in rows]}, return_tensors="pt", padding=True)
             parts.append(generate(
                 senior, self.junior, enc["input_ids"].to(self.acc.device), enc["attention_mask"].to(self.acc.device),
@@ -219,6 +224,20 @@ class Trainer:
             ))
             idx.extend(rows)
         return concat_rollouts(parts, self.tok.pad_token_id), idx
+
+    def _bridge_rollout(self, senior, rows: list[int], sampling: Sampling, seed: int) -> Rollout:
+        """Co-write through text with a junior of another tokenizer (step / alternate schedules)."""
+        from tandem_rlvr.bridge import bridge_generate, make_side
+        from tandem_rlvr.data import render_prompt
+
+        problems = [self.examples[self.prompt_example[i]].problem for i in rows]
+        jtok = self.pair.junior_tokenizer
+        out = bridge_generate(
+            make_side(senior, self.tok, self.eos), make_side(self.junior, jtok),
+            [render_prompt(self.tok, p) for p in problems], [render_prompt(jtok, p) for p in problems],
+            self.cfg.handoff.schedule, sampling, p=self.cfg.handoff.p, seed=seed, score=False,
+        )
+        return out.rollout
 
     def rewards(self, texts: list[str], idx: list[int]) -> tuple[torch.Tensor, dict]:
         """Score every co-written response against its gold answer."""
@@ -243,7 +262,7 @@ class Trainer:
             senior.eval()
             old = sequence_logps(senior, rollout, temp, cfg.algo.micro_batch)
             junior_lp = rollout.junior_logps_BT
-            if junior_lp is None and self.junior is not None:
+            if junior_lp is None and self.junior is not None and not self.bridge:  # other vocabulary: no per-token KL
                 junior_lp = sequence_logps(self.junior, rollout, temp, cfg.algo.micro_batch)
         mask = loss_mask(rollout, plan)
         metrics = self._drift_metrics(old, junior_lp, rollout)

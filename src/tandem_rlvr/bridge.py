@@ -1,0 +1,404 @@
+"""Text bridge: step-level tandem rollouts for a senior and a junior whose tokenizers differ.
+
+The lockstep engine (:mod:`tandem_rlvr.rollout`) needs one shared vocabulary. When the two models
+tokenize differently, the shared history is kept as *text* instead:
+
+1. The current author reads ``its own prompt + its own encoding of the response text so far`` and
+   writes one reasoning step: it decodes until the text of its turn contains ``"\\n\\n"``, until EOS,
+   or until the shared budget is spent. The turn's text is cut right after its first ``"\\n\\n"``
+   (the rest of that last token is dropped, as a stop string would).
+2. The new text is appended to the history and its character span is recorded with its owner
+   (1 senior, 0 junior). The next author re-encodes the whole history with its own tokenizer.
+3. At the end, the final text is encoded with the senior's tokenizer and each senior token gets
+   the owner of the characters it covers (from the offset mapping). A token that straddles a
+   junior/senior boundary counts as the junior's: the senior is only trained on tokens it wrote
+   entirely. If the chain ended with EOS, the senior's EOS token closes the response, owned by
+   whoever emitted it.
+
+The result is a :class:`~tandem_rlvr.rollout.Rollout` over the senior's tokens, so the trainer's
+loss mask (``response_mask * owner``) works unchanged. ``junior_logps_BT`` is None: the junior's
+log-probs live on its own tokens, which do not line up with the senior's.
+
+Only step-level schedules can be bridged (``step``: a coin with P(senior)=p at every step end;
+``alternate``: the senior writes the first step, then strict alternation). Word- and token-level
+schedules hand off every few tokens, where a token of one vocabulary is no unit of the other; they
+raise :class:`BridgeError`.
+
+Budget: ``max_new_tokens`` counts the tokens each author emitted, in its own vocabulary.
+Cost: every turn re-encodes and re-reads the whole history (no KV cache survives a handoff).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from tandem_rlvr.core import token_logps
+from tandem_rlvr.rollout import (
+    SCHEDULE_SEED_OFFSET,
+    Rollout,
+    Sampling,
+    _Stream,
+    sample_tokens,
+)
+
+BRIDGE_SCHEDULES = ("step", "alternate")
+STEP_END = "\n\n"
+
+
+class BridgeError(ValueError):
+    """A tandem setting the text bridge cannot serve; the message says why and what to use."""
+
+
+def tokenizers_differ(senior_tok, junior_tok) -> bool:
+    """True when the two tokenizers do not map every token string to the same id."""
+    return senior_tok.get_vocab() != junior_tok.get_vocab()
+
+
+def check_bridge_schedule(name: str) -> None:
+    """Raise :class:`BridgeError` unless ``name`` is a step-level schedule the bridge can run."""
+    if name in BRIDGE_SCHEDULES:
+        return
+    if name == "word":
+        raise BridgeError(
+            "handoff.schedule 'word' cannot be used when the senior and junior tokenizers differ: a word "
+            "handoff happens every ~2 words, at token boundaries of the author's vocabulary that the other "
+            "model's vocabulary does not share. Use handoff.schedule=step or alternate (text bridge), or a "
+            "junior with the senior's tokenizer."
+        )
+    raise BridgeError(
+        f"handoff.schedule {name!r} cannot be bridged between different tokenizers; "
+        f"only step-level schedules can ({', '.join(BRIDGE_SCHEDULES)})"
+    )
+
+
+@dataclass(frozen=True)
+class NewlineTable:
+    """Per-id newline flags of one vocabulary, to find where a turn's text first holds ``"\\n\\n"``."""
+
+    has_nl2_V: torch.Tensor
+    ends_nl_V: torch.Tensor
+    starts_nl_V: torch.Tensor
+
+
+def newline_table(tokenizer, rows: int | None = None) -> NewlineTable:
+    """Flags for every id of ``tokenizer`` (padded to ``rows`` model rows; special tokens all False)."""
+    n_tok = len(tokenizer)
+    size = max(n_tok, rows or 0)
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    flags = torch.zeros(3, size, dtype=torch.bool)
+    for i in range(n_tok):
+        if i in special:
+            continue
+        text = tokenizer.decode([i], clean_up_tokenization_spaces=False)
+        flags[0, i] = STEP_END in text
+        flags[1, i] = text.endswith("\n")
+        flags[2, i] = text.startswith("\n")
+    return NewlineTable(flags[0], flags[1], flags[2])
+
+
+@dataclass
+class Side:
+    """One author of the bridge: its model, tokenizer, EOS ids and newline table."""
+
+    model: object
+    tokenizer: object
+    eos_ids: list[int]
+    table: NewlineTable = field(repr=False, default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if not self.eos_ids:
+            raise BridgeError(f"tokenizer {getattr(self.tokenizer, 'name_or_path', '?')!r} has no EOS id")
+        if self.tokenizer.pad_token_id is None:
+            raise BridgeError(f"tokenizer {getattr(self.tokenizer, 'name_or_path', '?')!r} has no pad token")
+        if self.table is None:
+            rows = self.model.get_output_embeddings().weight.shape[0]
+            self.table = newline_table(self.tokenizer, rows)
+
+
+def make_side(model, tokenizer, eos_ids: Sequence[int] | None = None) -> Side:
+    """A :class:`Side` whose EOS ids default to the tokenizer's and the model's generation config's."""
+    if eos_ids is None:
+        from tandem_rlvr.models import eos_ids as find_eos
+
+        eos_ids = find_eos(tokenizer, model)
+    return Side(model, tokenizer, [int(e) for e in eos_ids])
+
+
+@dataclass
+class BridgeRollout:
+    """A bridged batch: the senior-token :class:`Rollout`, the final texts and their owner spans.
+
+    ``spans[b]`` lists maximal ``(start, end, owner)`` character runs covering ``texts[b]``.
+    """
+
+    rollout: Rollout
+    texts: list[str]
+    spans: list[list[tuple[int, int, int]]]
+
+
+@dataclass
+class _Turn:
+    """What one author wrote in one turn of one row."""
+
+    ids: list[int]
+    hit_eos: bool
+    step_end: bool
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(1, max(len(s) for s in seqs))
+    ids_BP = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask_BP = torch.zeros(len(seqs), width, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        if s:
+            ids_BP[b, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask_BP[b, width - len(s):] = 1
+    return ids_BP, mask_BP
+
+
+@torch.inference_mode()
+def decode_turn(side: Side, seqs: list[list[int]], budget_B: list[int], sampling: Sampling,
+                gen: torch.Generator) -> list[_Turn]:
+    """One author writes one step for each row (batched, KV-cached): stops at step end, EOS or budget."""
+    device = side.model.get_output_embeddings().weight.device
+    ids_BP, mask_BP = _left_pad(seqs, side.tokenizer.pad_token_id)
+    ids_BP, mask_BP = ids_BP.to(device), mask_BP.to(device)
+    B, n_max = len(seqs), max(budget_B)
+    budget = torch.tensor(budget_B)
+    eos = torch.tensor(sorted(set(side.eos_ids)))
+    table = side.table
+    stream = _Stream(side.model, ids_BP, mask_BP)
+    out_BT = torch.zeros(B, n_max, dtype=torch.long)
+    done, prev_nl = torch.zeros(B, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
+    hit_eos, step_end = torch.zeros(B, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
+    length = torch.zeros(B, dtype=torch.long)
+    mask_BT = mask_BP
+    for t in range(n_max):
+        tok = sample_tokens(stream.logits_BV, sampling, gen).cpu()
+        tok = torch.where(done, torch.full_like(tok, side.tokenizer.pad_token_id), tok)
+        out_BT[:, t] = tok
+        length += (~done).long()
+        is_eos = torch.isin(tok, eos) & ~done
+        is_end = (table.has_nl2_V[tok] | (prev_nl & table.starts_nl_V[tok])) & ~done & ~is_eos
+        prev_nl = table.ends_nl_V[tok]
+        hit_eos, step_end = hit_eos | is_eos, step_end | is_end
+        done = done | is_eos | is_end | (length >= budget)
+        if bool(done.all()):
+            break
+        mask_BT = torch.cat([mask_BT, torch.ones(B, 1, dtype=mask_BT.dtype, device=device)], dim=1)
+        stream.step(tok.to(device), mask_BT)
+    return [_Turn(out_BT[b, :length[b]].tolist(), bool(hit_eos[b]), bool(step_end[b])) for b in range(B)]
+
+
+def _turn_text(side: Side, turn: _Turn) -> str:
+    """The text a turn adds to the history: decoded without EOS, cut after its first ``"\\n\\n"``."""
+    ids = turn.ids[:-1] if turn.hit_eos else turn.ids
+    text = side.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    cut = text.find(STEP_END)
+    return text[:cut + len(STEP_END)] if cut >= 0 else text
+
+
+@dataclass
+class _Chains:
+    """Per-row state of a bridged batch (plain Python: turns are few and rows are independent)."""
+
+    texts: list[str]
+    spans: list[list[list[int]]]
+    author: list[bool]
+    rounds: list[int]
+    remaining: list[int]
+    done: list[bool]
+    finished: list[bool]
+    last_author: list[bool]
+    turn_ends: list[int]
+
+    @classmethod
+    def start(cls, n: int, author: list[bool], budget: int) -> _Chains:
+        """``n`` empty chains with their first authors and the whole budget each."""
+        return cls([""] * n, [[] for _ in range(n)], list(author), [1] * n, [budget] * n,
+                   [False] * n, [False] * n, list(author), [0] * n)
+
+    def add_text(self, b: int, text: str, owner: int) -> None:
+        """Append ``text`` to row ``b``, extending its last span when the owner is unchanged."""
+        if not text:
+            return
+        start, end = len(self.texts[b]), len(self.texts[b]) + len(text)
+        self.texts[b] += text
+        if self.spans[b] and self.spans[b][-1][2] == owner:
+            self.spans[b][-1][1] = end
+        else:
+            self.spans[b].append([start, end, owner])
+
+
+class SeededCoins:
+    """Seeded handoff coins: draw ``k`` is ``torch.rand(n) < p`` from the schedule's generator.
+
+    The draws are exactly those the lockstep engine makes (one per decoding step for the whole
+    batch, seeded ``seed + SCHEDULE_SEED_OFFSET``), read in any order: the bridge uses draw ``k`` at a
+    row's ``k``-th step end, the vLLM backend draw ``t + 1`` after response token ``t``.
+    """
+
+    def __init__(self, n: int, p: float, seed: int):
+        self.n, self.p = n, p
+        self.gen = torch.Generator().manual_seed(int(seed) + SCHEDULE_SEED_OFFSET)
+        self.table: list[torch.Tensor] = [torch.rand(n, generator=self.gen) < p]
+
+    def draw(self, b: int, k: int) -> bool:
+        """Row ``b``'s coin of draw ``k`` (True = the senior writes next)."""
+        while len(self.table) <= k:
+            self.table.append(torch.rand(self.n, generator=self.gen) < self.p)
+        return bool(self.table[k][b])
+
+
+def _after_turn(ch: _Chains, b: int, turn: _Turn, schedule: str, coins: SeededCoins, max_rounds: int | None) -> None:
+    """Update row ``b`` after its author's turn: end the chain or choose the next author."""
+    ch.remaining[b] -= len(turn.ids)
+    ch.last_author[b] = ch.author[b]
+    if turn.hit_eos:
+        ch.done[b], ch.finished[b] = True, True
+        return
+    if ch.remaining[b] <= 0 or not turn.step_end:
+        ch.done[b] = True
+        return
+    ch.turn_ends[b] += 1
+    nxt = (not ch.author[b]) if schedule == "alternate" else coins.draw(b, ch.turn_ends[b])
+    if nxt != ch.author[b]:
+        if max_rounds is not None and ch.rounds[b] >= max_rounds:
+            ch.done[b] = True
+            return
+        ch.rounds[b] += 1
+    ch.author[b] = nxt
+
+
+def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
+    if all(not t for t in texts):
+        return [[] for _ in texts]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _encode_prompts(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
+    return tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+
+
+def _run_turns(senior: Side, junior: Side, prompt_ids: dict, ch: _Chains, schedule: str, sampling: Sampling,
+               coins: SeededCoins, gen: torch.Generator, max_rounds: int | None) -> None:
+    """Play turns until every chain is done; each pass runs the senior's rows, then the junior's."""
+    while not all(ch.done):
+        for is_senior, side in ((True, senior), (False, junior)):
+            rows = [b for b in range(len(ch.done)) if not ch.done[b] and ch.author[b] == is_senior]
+            if not rows:
+                continue
+            history = _encode(side.tokenizer, [ch.texts[b] for b in rows])
+            seqs = [prompt_ids[is_senior][b] + h for b, h in zip(rows, history)]
+            turns = decode_turn(side, seqs, [ch.remaining[b] for b in rows], sampling, gen)
+            for b, turn in zip(rows, turns):
+                ch.add_text(b, _turn_text(side, turn), int(is_senior))
+                _after_turn(ch, b, turn, schedule, coins, max_rounds)
+
+
+def _char_owner(spans: list[list[int]], n: int) -> torch.Tensor:
+    own_N = torch.zeros(n, dtype=torch.long)
+    for start, end, owner in spans:
+        own_N[start:end] = owner
+    return own_N
+
+
+def senior_token_owner(text: str, spans: list[list[int]], offsets: list[tuple[int, int]]) -> list[int]:
+    """Owner of each senior token: 1 iff every character it covers was written by the senior."""
+    own_N = _char_owner(spans, len(text))
+    out = []
+    for start, end in offsets:
+        if end <= start:  # a zero-width token (e.g. a later piece of a split character): the char before
+            start, end = max(start - 1, 0), max(start, 1)
+        seg_N = own_N[start:end]
+        out.append(int(seg_N.numel() > 0 and bool(seg_N.all())))
+    return out
+
+
+def _to_rollout(senior: Side, ch: _Chains, prompt_ids: list[list[int]], schedule: str) -> Rollout:
+    """The senior-token Rollout of the final texts (offset mapping → owner per senior token)."""
+    tok = senior.tokenizer
+    enc = tok(ch.texts, add_special_tokens=False, return_offsets_mapping=True)
+    eos_id = tok.eos_token_id if tok.eos_token_id is not None else senior.eos_ids[0]
+    rows_ids, rows_own = [], []
+    for b, (ids, offs) in enumerate(zip(enc["input_ids"], enc["offset_mapping"])):
+        own = senior_token_owner(ch.texts[b], ch.spans[b], offs)
+        if ch.finished[b]:
+            ids, own = ids + [eos_id], own + [int(ch.last_author[b])]
+        rows_ids.append(ids)
+        rows_own.append(own)
+    T = max(1, max(len(r) for r in rows_ids))
+    B = len(rows_ids)
+    ids_BT = torch.full((B, T), tok.pad_token_id, dtype=torch.long)
+    mask_BT, owner_BT = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
+    for b, (ids, own) in enumerate(zip(rows_ids, rows_own)):
+        ids_BT[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask_BT[b, :len(ids)] = 1
+        owner_BT[b, :len(own)] = torch.tensor(own, dtype=torch.long)
+    p_ids, p_mask = _left_pad(prompt_ids, tok.pad_token_id)
+    dev = senior.model.get_output_embeddings().weight.device  # where the trainer's forwards run
+    return Rollout(
+        prompt_ids_BP=p_ids.to(dev), prompt_mask_BP=p_mask.to(dev), response_ids_BT=ids_BT.to(dev),
+        response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T),
+        junior_logps_BT=None, rounds_B=torch.tensor(ch.rounds, dtype=torch.long),
+        finished_B=torch.tensor(ch.finished), schedule=schedule,
+    )
+
+
+@torch.inference_mode()
+def score_senior(model, rollout: Rollout, temperature: float) -> torch.Tensor:
+    """Teacher-forced log-probs of the response tokens under ``model`` (zero on padding)."""
+    ids = torch.cat([rollout.prompt_ids_BP, rollout.response_ids_BT], 1)
+    mask = torch.cat([rollout.prompt_mask_BP.long(), rollout.response_mask_BT.long()], 1)
+    device = model.get_output_embeddings().weight.device
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    P, T = rollout.prompt_ids_BP.shape[1], rollout.response_ids_BT.shape[1]
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                   use_cache=False).logits
+    logps_BT = token_logps(logits[:, P - 1:P + T - 1], rollout.response_ids_BT.to(device),
+                           temperature=temperature if temperature > 0 else 1.0)
+    return logps_BT.cpu() * rollout.response_mask_BT.cpu()
+
+
+def bridge_generate(
+    senior: Side,
+    junior: Side,
+    senior_prompts: Sequence[str],
+    junior_prompts: Sequence[str] | None,
+    schedule: str,
+    sampling: Sampling,
+    *,
+    p: float = 0.5,
+    seed: int = 0,
+    max_rounds: int | None = None,
+    score: bool = True,
+) -> BridgeRollout:
+    """Co-write responses through text; see the module docstring.
+
+    ``senior_prompts`` / ``junior_prompts``: the prompts already rendered with each model's chat
+    template (``junior_prompts`` None = the same strings). ``schedule``: ``step`` (coin with
+    P(senior)=``p`` at each step end) or ``alternate``. ``max_rounds`` ends a chain once it would
+    start turn ``max_rounds + 1``. ``score`` fills ``senior_logps_BT`` by one teacher-forced pass.
+    """
+    check_bridge_schedule(schedule)
+    if not 0.0 <= p <= 1.0:
+        raise BridgeError(f"handoff p must be in [0, 1], got {p}")
+    junior_prompts = senior_prompts if junior_prompts is None else junior_prompts
+    if len(junior_prompts) != len(senior_prompts) or not senior_prompts:
+        raise BridgeError(f"need one junior prompt per senior prompt, got {len(junior_prompts)} and {len(senior_prompts)}")
+    n = len(senior_prompts)
+    coins = SeededCoins(n, p, seed)
+    first = [True] * n if schedule == "alternate" else [bool(c) for c in coins.table[0]]
+    ch = _Chains.start(n, first, sampling.max_new_tokens)
+    prompt_ids = {True: _encode_prompts(senior.tokenizer, senior_prompts),
+                  False: _encode_prompts(junior.tokenizer, junior_prompts)}
+    gen = torch.Generator().manual_seed(int(seed))
+    _run_turns(senior, junior, prompt_ids, ch, schedule, sampling, coins, gen, max_rounds)
+    rollout = _to_rollout(senior, ch, prompt_ids[True], schedule)
+    if score:
+        rollout.senior_logps_BT = score_senior(senior.model, rollout, sampling.temperature)
+    spans = [[(s, e, o) for s, e, o in row] for row in ch.spans]
+    return BridgeRollout(rollout, ch.texts, spans)

