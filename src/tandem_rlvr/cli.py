@@ -70,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; user errors print one clear line and exit 2 (``TANDEM_DEBUG=1`` shows tracebacks)."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse already printed usage and the error (or --help)
+        return e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from tandem_rlvr.errors import user_errors
 
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as e:
         if os.environ.get("TANDEM_DEBUG"):
             raise
-        print(f"tandem-rlvr {args.command}: error: {e}", file=sys.stderr)
+        msg = " ".join(str(e).split()) or type(e).__name__  # one line, whatever the message
+        print(f"tandem-rlvr {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)

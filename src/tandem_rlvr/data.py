@@ -79,7 +79,14 @@ def render_prompt(tokenizer: Any, problem: str) -> str:
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": user_turn}], add_generation_prompt=True, tokenize=False
         )
+    name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+    if name not in _WARNED_PLAIN:  # once per tokenizer, not once per prompt
+        _WARNED_PLAIN.add(name)
+        logger.warning("data: tokenizer %r has no chat template; using the plain prompt %r", name, PLAIN_PROMPT_TEMPLATE)
     return PLAIN_PROMPT_TEMPLATE.format(user_turn=user_turn)
+
+
+_WARNED_PLAIN: set[str] = set()
 
 
 # --------------------------------------------------------------------------------------------------

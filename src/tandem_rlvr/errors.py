@@ -13,4 +13,6 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from tandem_rlvr.data import DataError
     from tandem_rlvr.models import ModelLoadError
 
-    return (ConfigError, DataError, ModelLoadError, TandemError, FileNotFoundError)
+    # OS errors that name a path the user chose (e.g. train.out_dir under a file, or read-only)
+    paths = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+    return (ConfigError, DataError, ModelLoadError, TandemError, *paths)

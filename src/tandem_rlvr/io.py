@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -46,8 +47,15 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def _finite_or_none(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
 def append_jsonl(path: str | Path, row: dict) -> None:
-    """Append one JSON row and fsync (a crash loses at most the row being written)."""
+    """Append one JSON row and fsync (a crash loses at most the row being written).
+
+    Non-finite floats are written as ``null`` so the file stays strict JSON (jq, pandas)."""
+    row = {k: _finite_or_none(v) for k, v in row.items()}
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row, default=_json_default) + "\n")
         f.flush()

@@ -217,11 +217,18 @@ class Trainer:
                 idx.extend(rows)
                 continue
             enc = self.tok.pad({"input_ids": [self.prompts[i] for i in rows]}, return_tensors="pt", padding=True)
-            parts.append(generate(
-                senior, self.junior, enc["input_ids"].to(self.acc.device), enc["attention_mask"].to(self.acc.device),
-                self.schedule, sampling, eos_token_ids=self.eos, pad_token_id=self.tok.pad_token_id,
-                seed=_step_seed(cfg.train.seed, step) + chunk[0][0], record_junior=self.plan.schedule != "none",
-            ))
+            try:
+                parts.append(generate(
+                    senior, self.junior, enc["input_ids"].to(self.acc.device), enc["attention_mask"].to(self.acc.device),
+                    self.schedule, sampling, eos_token_ids=self.eos, pad_token_id=self.tok.pad_token_id,
+                    seed=_step_seed(cfg.train.seed, step) + chunk[0][0], record_junior=self.plan.schedule != "none",
+                ))
+            except RuntimeError as e:
+                if "probability tensor" not in str(e):
+                    raise
+                raise TandemError(f"non-finite logits while sampling the rollout of step {step + 1} "
+                                  f"(senior {cfg.model.senior!r} or junior {cfg.model.junior!r}): the weights "
+                                  "hold NaN/inf or the dtype overflows; try model.dtype=float32") from None
             idx.extend(rows)
         return concat_rollouts(parts, self.tok.pad_token_id), idx
 
