@@ -86,14 +86,20 @@ def sequence_logps(model, rollout: Rollout, temperature: float, micro: int = 0, 
 
 
 def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    from tandem_rlvr.rollout import gqa_attention
+
     p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows]
     r_ids, r_mask = rollout.response_ids_BT[rows], rollout.response_mask_BT[rows]
     ids = torch.cat([p_ids, r_ids], 1)
     mask = torch.cat([p_mask.long(), r_mask.long()], 1)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    P, T = p_ids.shape[1], r_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-    return core.token_logps(logits[:, P - 1:P + T - 1], r_ids, temperature=temperature)
+    T = r_ids.shape[1]
+    inner = getattr(model, "module", model)  # DDP wraps the module; the attention switch lives on its config
+    with gqa_attention(inner):
+        # only the T+1 last positions' logits: the LM head never runs over the prompt
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                       logits_to_keep=T + 1).logits
+    return core.token_logps(logits[:, :-1], r_ids, temperature=temperature)
 
 
 class Trainer:
