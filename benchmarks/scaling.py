@@ -19,7 +19,7 @@ import math
 
 import common as C
 
-from tandem_rlvr import rollout as R
+from tandem_rlvr import fastpath as R
 from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.rollout import Sampling, generate
 

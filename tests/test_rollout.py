@@ -182,17 +182,17 @@ def test_unknown_mode_raises(tokenizer, pair, batch):
 def test_fast_path_equals_generic_path(tokenizer, batch, arch, monkeypatch):
     """Preallocated caches (grown past their first capacity), 4-D mask slices and GQA-in-SDPA change
     nothing but speed; the models' attention setting is restored afterwards."""
-    from tandem_rlvr import rollout
+    from tandem_rlvr import fastpath
 
     senior = make_tiny_model(len(tokenizer), 0, 48, arch=arch)
     junior = make_tiny_model(len(tokenizer), 1, 32, arch=arch)
-    assert rollout._fast_ok(senior) and rollout._fast_ok(junior)
+    assert fastpath._fast_ok(senior) and fastpath._fast_ok(junior)
     sch = make_schedule("word", tokenizer, p=0.5)
     sampling = Sampling(max_new_tokens=300, temperature=1.0)  # > the cache's first capacity (P + 256)
     fast = _gen(tokenizer, senior, junior, batch, sch, sampling, seed=3)
     assert senior.config._attn_implementation == "sdpa" and junior.config._attn_implementation == "sdpa"
-    monkeypatch.setattr(rollout, "FAST_PATH", False)
-    assert not rollout._fast_ok(senior)
+    monkeypatch.setattr(fastpath, "FAST_PATH", False)
+    assert not fastpath._fast_ok(senior)
     generic = _gen(tokenizer, senior, junior, batch, sch, sampling, seed=3)
     _same_rollout(fast, generic, atol=1e-4)
 
@@ -200,14 +200,14 @@ def test_fast_path_equals_generic_path(tokenizer, batch, arch, monkeypatch):
 def test_sliding_window_model_takes_generic_path(tokenizer, batch):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tandem_rlvr import rollout
+    from tandem_rlvr import fastpath
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
                       max_window_layers=0, pad_token_id=0)
     model = Qwen2ForCausalLM(cfg).eval()
-    assert not rollout._fast_ok(model)
+    assert not fastpath._fast_ok(model)
     r = _gen(tokenizer, model, None, batch, make_schedule("none"), Sampling(max_new_tokens=20, temperature=0))
     ref = model.generate(input_ids=batch[0], attention_mask=batch[1], max_new_tokens=20, do_sample=False,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -232,7 +232,7 @@ def test_gqa_attention_is_exact_and_restores(tokenizer, batch):
 def test_lora_adapter_off_junior(tokenizer, batch):
     """Self-paired LoRA: the junior is the base weights (adapter off) and the adapter stays on for the senior."""
     peft = pytest.importorskip("peft")
-    from tandem_rlvr import rollout
+    from tandem_rlvr import fastpath
     from tandem_rlvr.models import AdapterOff
 
     base = make_tiny_model(len(tokenizer), 0, 48)
@@ -245,7 +245,7 @@ def test_lora_adapter_off_junior(tokenizer, batch):
                 p.normal_(0, 0.5)  # a trained-looking adapter (B starts at 0)
         before = lora(input_ids=batch[0], attention_mask=batch[1]).logits
     junior = AdapterOff(lora)
-    assert rollout._adapter_off_call(junior) is not None
+    assert fastpath._adapter_off_call(junior) is not None
     sch = make_schedule("word", tokenizer, p=0.5)
     sampling = Sampling(max_new_tokens=24, temperature=0.8)
     r = _gen(tokenizer, lora, junior, batch, sch, sampling, seed=2)
@@ -262,16 +262,16 @@ def test_lora_adapter_off_junior(tokenizer, batch):
 
 def test_kv_cache_is_preallocated_not_concatenated(tokenizer, pair, batch, monkeypatch):
     """Memory does not grow with handoffs: one buffer per layer and model, written in place."""
-    from tandem_rlvr import rollout
+    from tandem_rlvr import fastpath
 
     made = []
-    orig = rollout._BufferLayer.__init__
+    orig = fastpath._BufferLayer.__init__
 
     def spy(self, *a, **k):
         orig(self, *a, **k)
         made.append(self)
 
-    monkeypatch.setattr(rollout._BufferLayer, "__init__", spy)
+    monkeypatch.setattr(fastpath._BufferLayer, "__init__", spy)
     senior, junior = pair
     r = _gen(tokenizer, senior, junior, batch, make_schedule("bernoulli", p=0.5), Sampling(max_new_tokens=30), seed=0)
     assert r.rounds_B.float().mean() > 5  # many handoffs

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+
+import torch
 
 from tandem_rlvr.config import load_config
 from tandem_rlvr.io import atomic_write_json
@@ -94,6 +97,8 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     from tandem_rlvr.trainer import Trainer
     from tandem_rlvr.world.build import build_world
 
+    # The world's models are tiny: one intra-op thread is faster than several and immune to a busy machine.
+    torch.set_num_threads(int(os.environ.get("TANDEM_RLVR_THREADS", "1")))
     plan = plan or (QUICK if quick else FULL)
     if seeds is not None:
         plan = DemoPlan(**{**plan.__dict__, "seeds": seeds})

@@ -1,0 +1,32 @@
+"""`tandem-rlvr demo --quick` runs end to end and writes every output (world from the shared fixture)."""
+
+import json
+
+from tandem_rlvr.cli import main
+from tandem_rlvr.demo import ARMS
+from tandem_rlvr.demo_report import METRICS
+
+EVAL_KEYS = [k for k, *_ in METRICS] + ["curve", "solo_pass@2", "n_problems"]
+CURVE_KEYS = ("step", "reward/mean", "rollout/senior_token_frac", "kl/senior_junior", "rollout/jargon_rate")
+
+
+def test_demo_quick_writes_every_output(world, tmp_path, monkeypatch):
+    paths, _ = world
+    monkeypatch.setenv("TANDEM_RLVR_CACHE", str(paths.root.parent))
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    for key in EVAL_KEYS:
+        assert key in results["warm_start"], key
+    for arm in ARMS:
+        seeds = results["arms"][arm]
+        assert list(seeds) == ["0"], arm
+        for key in EVAL_KEYS:
+            assert key in seeds["0"], (arm, key)
+        rows = results["curves"][arm]["0"]
+        assert rows and all(k in rows[-1] for k in CURVE_KEYS), (arm, rows[-1])
+    report = (out / "report.md").read_text()
+    assert "## Claims" in report and report.count("\n1. ") == 1 and "5. KL-Reg" in report
+    for png in ("training_curves.png", "claims.png"):
+        assert (out / png).stat().st_size > 1000
+    assert (out / "runs" / "trlvr-seed0" / "final" / "model.safetensors").exists()
