@@ -89,3 +89,16 @@ def bias_token(model, token_id: int, bias: float):
 
     model.get_output_embeddings().register_forward_hook(hook)
     return model
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    """The built-in world, built once per test session into a temporary cache: (paths, build seconds)."""
+    import time
+
+    from tandem_rlvr.world.build import build_world
+
+    cache = tmp_path_factory.mktemp("world_cache")
+    start = time.time()
+    paths = build_world(cache, progress=False)
+    return paths, time.time() - start

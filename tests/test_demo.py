@@ -6,7 +6,8 @@ from tandem_rlvr.cli import main
 from tandem_rlvr.demo import ARMS
 from tandem_rlvr.demo_report import METRICS
 
-EVAL_KEYS = [k for k, *_ in METRICS] + ["curve", "solo_pass@2", "n_problems"]
+# --quick draws 2 samples per problem, so pass@k exists for k <= 2 only
+EVAL_KEYS = [k for k, *_ in METRICS if k != "solo_pass@4"] + ["curve", "solo_pass@2", "n_problems"]
 CURVE_KEYS = ("step", "reward/mean", "rollout/senior_token_frac", "kl/senior_junior", "rollout/jargon_rate")
 
 

@@ -33,25 +33,26 @@ class DemoPlan:
     """Sizes of one demo run (``quick`` or ``full``)."""
 
     seeds: int = 3
-    steps: int = 30
+    steps: int = 32
     prompts_per_step: int = 8
     group_size: int = 8
     max_new_tokens: int = 80
     eval_problems: int = 48
     eval_n: int = 4
-    curve_ps: tuple = (1.0, 0.75, 0.5, 0.25)
+    curve_ps: tuple = (1.0, 0.5, 0.25)
+    lr: float = 1e-4
     overrides: dict = field(default_factory=dict)
 
 
 FULL = DemoPlan()
-QUICK = DemoPlan(seeds=1, steps=8, prompts_per_step=8, group_size=4, eval_problems=16, eval_n=2, curve_ps=(1.0, 0.5))
+QUICK = DemoPlan(seeds=1, steps=6, prompts_per_step=8, group_size=4, eval_problems=16, eval_n=2, curve_ps=(1.0, 0.5))
 
 
 def train_config(arm: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir: str, junior_dir: str | None):
     """The demo's training config for one arm and seed (the same for every arm but ``algo.arm``)."""
     base = {
         "model": {"senior": senior_dir, **({"junior": junior_dir} if junior_dir else {"self_paired": True})},
-        "algo": {"arm": arm, "group_size": plan.group_size, "loss_type": "grpo", "lr": 5e-4,
+        "algo": {"arm": arm, "group_size": plan.group_size, "loss_type": "grpo", "lr": plan.lr,
                  "mini_batch_prompts": plan.prompts_per_step // 2, "kl_beta": 0.1 if arm == "kl_reg" else 0.0},
         "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},
         "rollout": {"max_new_tokens": plan.max_new_tokens, "temperature": 0.6, "max_prompt_tokens": 256},

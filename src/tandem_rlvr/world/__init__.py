@@ -1,1 +1,48 @@
-"""The built-in arithmetic world: problem generator, local tokenizer, warm-started models."""
+"""The built-in arithmetic world: problem generator, local tokenizer, warm-started models.
+
+* :mod:`tandem_rlvr.world.problems` — procedurally generated multi-step word problems, the plain and
+  jargon solution styles, deterministic splits (``load_split``), the jargon detector and an exact grader.
+* :mod:`tandem_rlvr.world.tokenizer` — a byte-level BPE trained locally, saved as a HF tokenizer.
+* :mod:`tandem_rlvr.world.build` — ``build_world()``: tokenizer + weaker junior + senior warm start,
+  cached on disk and built atomically.
+* :mod:`tandem_rlvr.world.probe` — small accuracy / style probes of the built models.
+
+Heavy imports (torch, transformers) happen lazily inside the functions that need them.
+"""
+
+from tandem_rlvr.world.problems import (
+    INSTRUCTION,
+    Problem,
+    generate_problem,
+    is_correct,
+    is_jargon,
+    jargon_rate,
+    jargon_solution,
+    load_split,
+    plain_solution,
+    solve_problem_text,
+)
+
+__all__ = [
+    "INSTRUCTION",
+    "Problem",
+    "WorldPaths",
+    "build_world",
+    "generate_problem",
+    "is_correct",
+    "is_jargon",
+    "jargon_rate",
+    "jargon_solution",
+    "load_split",
+    "plain_solution",
+    "solve_problem_text",
+]
+
+
+def __getattr__(name: str):
+    """Lazy access to ``build_world`` / ``WorldPaths`` (keeps ``import tandem_rlvr.world`` light)."""
+    if name in ("build_world", "WorldPaths"):
+        from tandem_rlvr.world import build
+
+        return getattr(build, name)
+    raise AttributeError(name)

@@ -93,3 +93,51 @@ def continuation_probe(
     prompts = [render_prompt(tokenizer, p.text) + pre for p, pre in zip(problems, prefixes)]
     texts = complete(model, tokenizer, prompts, temperature=temperature, seed=seed)
     return sum(is_correct(pre + t, p.answer) for pre, t, p in zip(prefixes, texts, problems)) / len(problems)
+
+
+def accuracy_by_length(
+    model, tokenizer, lengths, count: int = 48, temperature: float = 0.0, seed: int = 0
+) -> dict[int, float]:
+    """Solo accuracy per chain length on held-out problems."""
+    return {n: solo_probe(model, tokenizer, probe_problems(n, count), temperature, seed).accuracy for n in lengths}
+
+
+def style_breakdown(
+    model, tokenizer, lengths, count: int = 32, samples: int = 2, temperature: float = 0.7, seed: int = 0
+) -> dict[str, float]:
+    """Sampled chains pooled over ``lengths``: jargon rate and accuracy of each style."""
+    problems = [p for n in lengths for p in probe_problems(n, count)] * samples
+    result = solo_probe(model, tokenizer, problems, temperature, seed)
+    flags = [is_jargon(t) for t in result.texts]
+    ok = [is_correct(t, p.answer) for t, p in zip(result.texts, problems)]
+    n_j = sum(flags)
+    return {
+        "jargon_rate": n_j / len(flags),
+        "accuracy": sum(ok) / len(ok),
+        "accuracy_jargon": sum(o for o, f in zip(ok, flags) if f) / n_j if n_j else float("nan"),
+        "accuracy_plain": sum(o for o, f in zip(ok, flags) if not f) / (len(flags) - n_j) if n_j < len(flags) else float("nan"),
+        "chains": len(flags),
+    }
+
+
+def world_report(paths, count: int = 48, lengths=(2, 3, 4, 5, 6, 7, 8)) -> dict:
+    """Measured facts about a built world: sizes, build time, accuracies by length/style, jargon rate."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(paths.tokenizer_dir))
+    models = {name: AutoModelForCausalLM.from_pretrained(str(d)).eval() for name, d in
+              (("junior", paths.junior_dir), ("senior", paths.senior_dir))}
+    manifest = paths.manifest
+    report: dict = {"build_seconds": manifest["build_seconds"], "vocab_size": manifest["vocab_size"]}
+    # 3-4 op problems, so that something is left to do after the first (two-op) jargon step
+    handoff = [p for n in (3, 4) for p in probe_problems(n, count)]
+    for name, model in models.items():
+        report[name] = {
+            "parameters": manifest["models"][name]["parameters"],
+            "train_seconds": manifest["models"][name]["train_seconds"],
+            "greedy_accuracy_by_length": accuracy_by_length(model, tok, lengths, count),
+            "continue_after_plain_step": continuation_probe(model, tok, handoff, "plain"),
+            "continue_after_jargon_step": continuation_probe(model, tok, handoff, "jargon"),
+            "sampled_t0.7": style_breakdown(model, tok, lengths, count=max(8, count // 3)),
+        }
+    return report

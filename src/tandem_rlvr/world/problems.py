@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_VALUE = 60
+PLAIN_RESTATE = True  # plain steps restate the operation's wording before the arithmetic
 MIN_OPS, MAX_OPS = 2, 8
 INSTRUCTION = (
     " Solve the following math problem step by step. Put your final answer inside \\boxed{}, "
@@ -58,9 +59,9 @@ FRAMES: list[dict[str, Any]] = [
         "start": ["I think of {x}."],
         "add": ["I add {b}."],
         "sub": ["I subtract {b}."],
-        "double": ["I multiply it by 2."],
-        "triple": ["I multiply it by 3."],
-        "halve": ["I divide it by 2."],
+        "double": ["I double it."],
+        "triple": ["I triple it."],
+        "halve": ["I halve it."],
         "end": ["What number do I get?"],
     },
 ]
@@ -100,6 +101,7 @@ class Problem:
     answer: int
     start: int
     ops: tuple[Op, ...]
+    phrases: tuple[str, ...] = ()  # each operation's wording in the text, without subject and period
 
     @property
     def values(self) -> list[int]:
@@ -151,18 +153,29 @@ def generate_problem(rng: random.Random, n_ops: int) -> Problem:
         ops.append(op)
         x = op.apply(x)
     fill = {"name": name, "pron": pron, "item": item}
-    parts = [rng.choice(frame["start"]).format(x=start, **fill)]
-    parts += [rng.choice(frame[op.kind]).format(b=op.operand, **fill) for op in ops]
+    sentences = [rng.choice(frame[op.kind]).format(b=op.operand, **fill) for op in ops]
+    parts = [rng.choice(frame["start"]).format(x=start, **fill), *sentences]
     parts.append(rng.choice(frame["end"]).format(**fill))
-    return Problem(text=" ".join(parts), answer=x, start=start, ops=tuple(ops))
+    phrases = tuple(_phrase(s, pron) for s in sentences)
+    return Problem(text=" ".join(parts), answer=x, start=start, ops=tuple(ops), phrases=phrases)
+
+
+def _phrase(sentence: str, pron: str) -> str:
+    """An operation sentence without its subject and final period (``She gets 5 more.`` -> ``gets 5 more``)."""
+    for subject in (pron + " ", "I "):
+        if sentence.startswith(subject):
+            sentence = sentence[len(subject) :]
+            break
+    return sentence.rstrip(".")
 
 
 def plain_steps(problem: Problem) -> list[str]:
     """The plain-style steps, each ending with ``\\n\\n``; the last is the boxed answer line."""
     steps, x = [], problem.start
-    for op in problem.ops:
+    for op, phrase in zip(problem.ops, problem.phrases):
         y = op.apply(x)
-        steps.append(f"{x} {op.symbol} {op.operand} = {y}.\n\n")
+        lead = f"- {phrase}: " if PLAIN_RESTATE else ""
+        steps.append(f"{lead}{x} {op.symbol} {op.operand} = {y}.\n\n")
         x = y
     steps.append(f"The answer is \\boxed{{{x}}}.")
     return steps
@@ -171,10 +184,11 @@ def plain_steps(problem: Problem) -> list[str]:
 def jargon_steps(problem: Problem) -> list[str]:
     """The jargon-style steps: two ``<<op=result>>`` annotations per step, then a bare box."""
     notes, x = [], problem.start
-    for op in problem.ops:
-        x = op.apply(x)
-        notes.append(f"<<{op.symbol}{op.operand}={x}>>")
-    steps = [" ".join(notes[i : i + 2]) + "\n\n" for i in range(0, len(notes), 2)]
+    for op, phrase in zip(problem.ops, problem.phrases):
+        y = op.apply(x)
+        notes.append(f"{phrase} << {x} {op.symbol} {op.operand} = {y} >>")
+        x = y
+    steps = ["- " + " ".join(notes[i : i + 2]) + "\n\n" for i in range(0, len(notes), 2)]
     steps.append(f"\\boxed{{{x}}}")
     return steps
 
@@ -259,13 +273,18 @@ def _example_class() -> type:
 def sft_problems(seed: int, n_ops_range: tuple[int, int] = (MIN_OPS, MAX_OPS)):
     """An endless stream of (n_ops, Problem) for supervised warm starts, train bucket only."""
     rng = random.Random(seed)
-    lo, hi = n_ops_range
+    while True:
+        n = rng.randint(*n_ops_range)
+        yield n, train_problem(rng, n)
+
+
+def train_problem(rng: random.Random, n_ops: int) -> Problem:
+    """A fresh problem with ``n_ops`` operations from the train bucket (never in val/test)."""
     buckets = SPLIT_SPECS["train"]["buckets"]
     while True:
-        n = rng.randint(lo, hi)
-        p = generate_problem(rng, n)
+        p = generate_problem(rng, n_ops)
         if in_buckets(p, buckets):
-            yield n, p
+            return p
 
 
 def render_prompt(tokenizer, problem_text: str) -> str:
@@ -276,7 +295,7 @@ def render_prompt(tokenizer, problem_text: str) -> str:
 
 # ------------------------------------------------------------------------- styles and grading
 
-_JARGON_NOTE = re.compile(r"<<\s*[-+*/]\s*\d+\s*=\s*\d+\s*>>")
+_JARGON_NOTE = re.compile(r"<<\s*\d+\s*[-+*/]\s*\d+\s*=\s*\d+\s*>>")
 _PLAIN_STEP = re.compile(r"\d+\s*[-+*/]\s*\d+\s*=\s*\d+")
 
 
@@ -324,9 +343,9 @@ _START_RULES = [r"has (\d+) ", r"Start with (\d+)", r"think of (\d+)"]
 _OP_RULES: list[tuple[str, Any]] = [
     (r"(?:gets|finds|Add|Increase it by|I add) (\d+)", lambda x, b: x + b),
     (r"(?:gives away|loses|Subtract|Take away|subtract) (\d+)", lambda x, b: x - b),
-    (r"(?:doubles|Double|multiply it by 2)", lambda x, b: 2 * x),
-    (r"(?:triples|Triple|multiply it by 3)", lambda x, b: 3 * x),
-    (r"(?:away half|Halve|divide it by 2)", lambda x, b: x // 2),
+    (r"(?:doubles|Double|I double)", lambda x, b: 2 * x),
+    (r"(?:triples|Triple|I triple)", lambda x, b: 3 * x),
+    (r"(?:away half|Halve|I halve)", lambda x, b: x // 2),
 ]
 
 

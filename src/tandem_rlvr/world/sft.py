@@ -1,6 +1,6 @@
 """Supervised warm starts of the world's small causal LMs on generated step-by-step solutions.
 
-Each model is a Qwen2-architecture transformer from a ``transformers`` config, trained from a fixed
+Each model is a Qwen3-architecture transformer from a ``transformers`` config, trained from a fixed
 seed on an endless stream of (prompt, solution) pairs from the train bucket. The loss covers only the
 assistant response (solution + ``<|im_end|>``). Batches draw one chain length each, so that padding
 stays small; the learning rate warms up, then decays by a cosine.
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from tandem_rlvr.world.problems import Problem, jargon_solution, plain_solution, render_prompt, sft_problems
+from tandem_rlvr.world.problems import Problem, jargon_solution, plain_solution, render_prompt, train_problem
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,17 @@ class ModelSpec:
     hidden: int
     layers: int
     intermediate: int
-    heads: int = 4
-    kv_heads: int = 2
+    heads: int = 2  # few wide heads copy digits far more precisely than many narrow ones
+    kv_heads: int = 1
     steps: int = 300
-    batch: int = 32
-    lr: float = 3e-3
-    warmup: int = 30
-    jargon_share: float = 0.0  # share of training solutions written in the jargon style
+    batch: int = 8
+    lr: float = 6e-3
+    warmup: int = 50
+    jargon_share: float = 0.0  # share of training solutions written in the jargon style...
+    jargon_from: int = 0  # ...from this step on (plain only before: a curriculum)
     n_ops: tuple[int, int] = (2, 8)
+    short_steps: int = 0  # a length curriculum: the first ``short_steps`` batches use short_ops chains
+    short_ops: tuple[int, int] = (2, 4)
     seed: int = 0
 
     def to_dict(self) -> dict:
@@ -42,24 +45,25 @@ class ModelSpec:
 
 
 def make_model(spec: ModelSpec, tokenizer) -> torch.nn.Module:
-    """A freshly initialised Qwen2 causal LM for ``spec`` (seeded), with the tokenizer's special ids."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    """A freshly initialised Qwen3 causal LM for ``spec`` (seeded), with the tokenizer's special ids."""
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(spec.seed)
-    config = Qwen2Config(
+    config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden,
         intermediate_size=spec.intermediate,
         num_hidden_layers=spec.layers,
         num_attention_heads=spec.heads,
         num_key_value_heads=spec.kv_heads,
+        head_dim=spec.hidden // spec.heads,
         max_position_embeddings=512,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = Qwen2ForCausalLM(config)
+    model = Qwen3ForCausalLM(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
     )
@@ -72,35 +76,31 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 class BatchMaker:
-    """Turns the SFT problem stream into right-padded (input_ids, attention_mask, labels) batches."""
+    """Turns fresh train-bucket problems into right-padded (input_ids, attention_mask, labels) batches.
+
+    Each batch has one chain length (drawn uniformly from ``spec.n_ops``), which keeps padding small.
+    """
 
     def __init__(self, tokenizer, spec: ModelSpec):
         self.tok = tokenizer
         self.spec = spec
         self.rng = random.Random(spec.seed + 7919)
-        self.stream = sft_problems(spec.seed + 104729, spec.n_ops)
         self.eos = tokenizer.eos_token
         self.pad_id = tokenizer.pad_token_id
-
-    def _pairs(self, n_ops: int) -> list[tuple[str, str]]:
-        """``batch`` (prompt, response) string pairs with chains of ``n_ops`` operations."""
-        out: list[tuple[str, str]] = []
-        while len(out) < self.spec.batch:
-            n, problem = next(self.stream)
-            if n != n_ops:
-                continue
-            out.append((render_prompt(self.tok, problem.text), self._response(problem)))
-        return out
+        self.step = 0
 
     def _response(self, problem: Problem) -> str:
-        """The target response in a style drawn with probability ``jargon_share`` of jargon."""
-        jargon = self.rng.random() < self.spec.jargon_share
+        """The target response, jargon with probability ``jargon_share`` once ``jargon_from`` is reached."""
+        share = self.spec.jargon_share if self.step >= self.spec.jargon_from else 0.0
+        jargon = self.rng.random() < share
         return (jargon_solution(problem) if jargon else plain_solution(problem)) + self.eos
 
     def next(self) -> dict[str, torch.Tensor]:
         """The next batch; labels are -100 on the prompt and on padding."""
-        n_ops = self.rng.randint(*self.spec.n_ops)
-        pairs = self._pairs(n_ops)
+        n_ops = self.rng.randint(*(self.spec.short_ops if self.step < self.spec.short_steps else self.spec.n_ops))
+        problems = [train_problem(self.rng, n_ops) for _ in range(self.spec.batch)]
+        pairs = [(render_prompt(self.tok, p.text), self._response(p)) for p in problems]
+        self.step += 1
         prompts = self.tok([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
         responses = self.tok([r for _, r in pairs], add_special_tokens=False)["input_ids"]
         length = max(len(p) + len(r) for p, r in zip(prompts, responses))
@@ -140,5 +140,5 @@ def train_sft(
         opt.step()
         opt.zero_grad(set_to_none=True)
         if on_step is not None:
-            on_step(step, float(loss))
+            on_step(step, float(loss.detach()))
     return model.eval()

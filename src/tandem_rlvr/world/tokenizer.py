@@ -7,7 +7,7 @@ turn), so that the library runs the same code path for it as for a real Qwen-fam
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -17,10 +17,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# A Qwen2-style split that keeps whole numbers together and glues newlines onto the punctuation
-# before them (so ".\n\n" can be one token, as in Qwen's vocabulary).
-NUMBER_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}+"
+# A Qwen2-style split: one digit per token (a leading space may attach to the first digit, as the
+# word-start marker), and newlines glued onto the punctuation before them (so ".\n\n" can be one
+# token, as in Qwen's vocabulary).
+DIGIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
@@ -30,13 +31,16 @@ def build_tokenizer(
     vocab_size: int = 512,
     out_dir: str | Path | None = None,
     pattern: str | None = None,
+    extra_tokens: Sequence[str] = (),
 ):
     """Train a byte-level BPE on ``corpus``; return a ``PreTrainedTokenizerFast`` (saved if ``out_dir``).
 
-    ``pattern``: an optional pre-tokenizer split regex (e.g. ``NUMBER_PATTERN``) applied before the
+    ``pattern``: an optional pre-tokenizer split regex (e.g. ``DIGIT_PATTERN``) applied before the
     byte-level mapping; by default the GPT-2 byte-level split is used.
+    ``extra_tokens``: literal strings added whole as (non-special) tokens, e.g. a constant prompt
+    instruction, so that it costs one position instead of dozens.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -63,7 +67,10 @@ def build_tokenizer(
         pad_token="<|endoftext|>",
         bos_token=None,
         additional_special_tokens=["<|im_start|>"],
+        padding_side="left",  # an init kwarg, so that it is saved (setting the attribute is not)
     )
+    if extra_tokens:
+        fast.add_tokens([AddedToken(t, normalized=False, special=False) for t in extra_tokens])
     fast.chat_template = CHAT_TEMPLATE
     fast.padding_side = "left"
     if out_dir is not None:

@@ -1,0 +1,244 @@
+"""Build (or load from cache) the arithmetic world: tokenizer, weaker junior, senior warm start.
+
+Layout under the cache root (``$TANDEM_RLVR_CACHE`` or ``~/.cache/tandem_rlvr``)::
+
+    world-v<VERSION>-<hash of the recipe>/
+        tokenizer/   senior/   junior/   manifest.json
+
+Each model folder is a standard Hugging Face checkpoint (safetensors + tokenizer files). A build is
+written into a private temporary folder next to the final one and moved into place with one
+``os.replace``; the manifest (with every file's size and SHA-256) is written last inside the
+temporary folder, so a folder without a valid manifest is never trusted. An advisory file lock keeps
+concurrent builders from duplicating work; a killed build leaves only a temporary folder, which the
+next builder removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem_rlvr.world.problems import INSTRUCTION, jargon_solution, plain_solution, sft_problems
+from tandem_rlvr.world.sft import ModelSpec
+from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN, build_tokenizer
+
+WORLD_VERSION = 1
+SEED = 1234
+TOKENIZER_VOCAB = 1024  # an upper bound: the trainer stops once every pair in the corpus is merged
+TOKENIZER_CORPUS = 3000  # problems in the tokenizer corpus
+
+# The weaker junior: plain style only, chains of 2-6 operations (the RL train range), a narrower MLP.
+JUNIOR_SPEC = ModelSpec(
+    name="junior", hidden=96, layers=3, intermediate=256, steps=1700, short_steps=600, n_ops=(2, 6), seed=SEED + 1
+)
+# The senior warm start: a wider MLP, both styles (45 % jargon), chains of 2-8 operations.
+SENIOR_SPEC = ModelSpec(
+    name="senior",
+    hidden=96,
+    layers=3,
+    intermediate=320,
+    steps=1600,
+    short_steps=600,
+    jargon_share=0.45,
+    n_ops=(2, 8),
+    seed=SEED + 2,
+)
+
+
+@dataclass(frozen=True)
+class WorldPaths:
+    """Where a built world lives. ``self_junior_dir`` is the senior's warm start (the self-paired junior)."""
+
+    root: Path
+    tokenizer_dir: Path
+    senior_dir: Path
+    junior_dir: Path
+
+    @property
+    def self_junior_dir(self) -> Path:
+        """The paper's self-paired junior: a frozen copy of the senior's starting checkpoint."""
+        return self.senior_dir
+
+    def junior(self, pairing: str = "weak") -> Path:
+        """The junior checkpoint for ``pairing``: ``"weak"`` (plain-only, smaller) or ``"self"``."""
+        if pairing not in ("weak", "self"):
+            raise ValueError(f"pairing must be 'weak' or 'self', got {pairing!r}")
+        return self.junior_dir if pairing == "weak" else self.self_junior_dir
+
+    @property
+    def manifest(self) -> dict:
+        """The build manifest (recipe, parameter counts, build time, file hashes)."""
+        return json.loads((self.root / "manifest.json").read_text())
+
+
+def recipe() -> dict:
+    """Everything that determines the built world; its hash names the cache folder."""
+    return {
+        "version": WORLD_VERSION,
+        "seed": SEED,
+        "tokenizer": {"vocab": TOKENIZER_VOCAB, "corpus": TOKENIZER_CORPUS, "pattern": DIGIT_PATTERN},
+        "chat_template": CHAT_TEMPLATE,
+        "instruction": INSTRUCTION,
+        "junior": JUNIOR_SPEC.to_dict(),
+        "senior": SENIOR_SPEC.to_dict(),
+    }
+
+
+def world_key() -> str:
+    """The versioned cache folder name, e.g. ``world-v1-3f2a9c01de``."""
+    digest = hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()
+    return f"world-v{WORLD_VERSION}-{digest[:10]}"
+
+
+def default_cache_dir() -> Path:
+    """``$TANDEM_RLVR_CACHE`` if set, else ``~/.cache/tandem_rlvr``."""
+    env = os.environ.get("TANDEM_RLVR_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tandem_rlvr"
+
+
+def _paths(root: Path) -> WorldPaths:
+    return WorldPaths(root=root, tokenizer_dir=root / "tokenizer", senior_dir=root / "senior", junior_dir=root / "junior")
+
+
+# ------------------------------------------------------------------------------ integrity checks
+
+
+def _file_table(root: Path) -> dict[str, dict]:
+    """Size and SHA-256 of every file under ``root`` except the manifest."""
+    table = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != "manifest.json"):
+        table[str(path.relative_to(root))] = {
+            "size": path.stat().st_size,
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        }
+    return table
+
+
+def is_complete(root: Path) -> bool:
+    """Whether ``root`` holds a finished build: a manifest of this recipe whose files all match."""
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if manifest.get("recipe") != json.loads(json.dumps(recipe())):
+        return False
+    files = manifest.get("files") or {}
+    for rel in ("senior/model.safetensors", "junior/model.safetensors", "tokenizer/tokenizer.json"):
+        if rel not in files:
+            return False
+    for rel, info in files.items():
+        path = root / rel
+        if not path.is_file() or path.stat().st_size != info["size"]:
+            return False
+        if hashlib.sha256(path.read_bytes()).hexdigest() != info["sha256"]:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _build_lock(cache_root: Path, key: str):
+    """An exclusive advisory lock per world key (released by the kernel if the process dies)."""
+    try:
+        import fcntl
+    except ImportError:  # non-POSIX: rely on the atomic rename alone
+        yield
+        return
+    with open(cache_root / f".{key}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_stale_temps(cache_root: Path, key: str) -> None:
+    """Delete temporary folders of earlier, interrupted builds of ``key`` (call under the lock)."""
+    for path in cache_root.glob(f".tmp-{key}-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------- the build
+
+
+def tokenizer_corpus() -> list[str]:
+    """Deterministic tokenizer training text: chat-framed problems and both solution styles.
+
+    The constant instruction is not in it: it becomes one added token (see ``build_tokenizer``).
+    """
+    stream = sft_problems(SEED, (2, 8))
+    corpus = []
+    for _ in range(TOKENIZER_CORPUS):
+        _, p = next(stream)
+        corpus.append(f"<|im_start|>user\n{p.text}<|im_end|>\n<|im_start|>assistant\n")
+        corpus += [plain_solution(p), jargon_solution(p)]
+    rng = random.Random(SEED)
+    rng.shuffle(corpus)
+    return corpus
+
+
+def _build_into(tmp: Path, progress: bool) -> None:
+    """Build every artefact of the world into ``tmp`` and write its manifest last."""
+    from tandem_rlvr.world.train_workers import train_models
+
+    start = time.time()
+    tokenizer = build_tokenizer(
+        tokenizer_corpus(), TOKENIZER_VOCAB, tmp / "tokenizer", pattern=DIGIT_PATTERN, extra_tokens=[INSTRUCTION]
+    )
+    stats = train_models(
+        {"junior": JUNIOR_SPEC, "senior": SENIOR_SPEC}, tmp / "tokenizer", tmp, progress=progress
+    )
+    manifest = {
+        "recipe": recipe(),
+        "vocab_size": len(tokenizer),
+        "models": stats,
+        "build_seconds": round(time.time() - start, 2),
+        "files": _file_table(tmp),
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """Move a finished build into place; an existing folder is swapped out first and removed."""
+    if final.exists():
+        trash = final.with_name(f".trash-{final.name}-{os.getpid()}-{time.time_ns()}")
+        os.replace(final, trash)
+        os.replace(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def build_world(cache_dir: str | Path | None = None, *, force: bool = False, progress: bool = True) -> WorldPaths:
+    """Return the world's paths, building it first if absent, incomplete, or ``force`` is set.
+
+    Deterministic for a given recipe (seeded, single-threaded training per model); the two warm
+    starts train in parallel worker processes, one thread each.
+    """
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    cache_root.mkdir(parents=True, exist_ok=True)
+    key = world_key()
+    final = cache_root / key
+    if not force and is_complete(final):
+        return _paths(final)
+    with _build_lock(cache_root, key):
+        if not force and is_complete(final):  # another process finished it while we waited
+            return _paths(final)
+        _remove_stale_temps(cache_root, key)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=cache_root))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the installed world should be readable like a cache
+        try:
+            _build_into(tmp, progress)
+            _install(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if not is_complete(final):
+        raise RuntimeError(f"world build at {final} did not verify")
+    return _paths(final)
