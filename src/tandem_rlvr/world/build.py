@@ -26,7 +26,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem_rlvr.world.problems import INSTRUCTION, jargon_solution, plain_solution, sft_problems
+from tandem_rlvr.world.problems import (
+    INSTRUCTION,
+    generate_problem,
+    jargon_solution,
+    plain_solution,
+    sft_problems,
+)
 from tandem_rlvr.world.sft import ModelSpec
 from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN, build_tokenizer
 
@@ -35,9 +41,18 @@ SEED = 1234
 TOKENIZER_VOCAB = 1024  # an upper bound: the trainer stops once every pair in the corpus is merged
 TOKENIZER_CORPUS = 3000  # problems in the tokenizer corpus
 
+# Both warm starts use a length curriculum: 2-4 op chains first, then one op longer every 100 steps.
 # The weaker junior: plain style only, chains of 2-6 operations (the RL train range), a narrower MLP.
 JUNIOR_SPEC = ModelSpec(
-    name="junior", hidden=96, layers=3, intermediate=256, steps=1700, short_steps=600, n_ops=(2, 6), seed=SEED + 1
+    name="junior",
+    hidden=96,
+    layers=3,
+    intermediate=256,
+    steps=1600,
+    short_steps=500,
+    ramp_every=100,
+    n_ops=(2, 6),
+    seed=SEED + 1,
 )
 # The senior warm start: a wider MLP, both styles (45 % jargon), chains of 2-8 operations.
 SENIOR_SPEC = ModelSpec(
@@ -45,8 +60,9 @@ SENIOR_SPEC = ModelSpec(
     hidden=96,
     layers=3,
     intermediate=320,
-    steps=1600,
-    short_steps=600,
+    steps=1500,
+    short_steps=500,
+    ramp_every=100,
     jargon_share=0.45,
     n_ops=(2, 8),
     seed=SEED + 2,
@@ -89,7 +105,16 @@ def recipe() -> dict:
         "instruction": INSTRUCTION,
         "junior": JUNIOR_SPEC.to_dict(),
         "senior": SENIOR_SPEC.to_dict(),
+        "formats": _format_fingerprint(),
     }
+
+
+def _format_fingerprint() -> str:
+    """A hash of a few generated problems in both styles, so a change of wording or format misses the cache."""
+    rng = random.Random(0)
+    sample = [generate_problem(rng, n) for n in (2, 5, 8)]
+    text = "".join(p.text + plain_solution(p) + jargon_solution(p) for p in sample)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def world_key() -> str:
@@ -105,6 +130,7 @@ def default_cache_dir() -> Path:
 
 
 def _paths(root: Path) -> WorldPaths:
+    """The WorldPaths of a world folder."""
     return WorldPaths(root=root, tokenizer_dir=root / "tokenizer", senior_dir=root / "senior", junior_dir=root / "junior")
 
 

@@ -29,7 +29,7 @@ def complete(
     prompts: list[str],
     *,
     temperature: float = 0.0,
-    max_new_tokens: int = 96,
+    max_new_tokens: int = 200,
     batch_size: int = 64,
     seed: int = 0,
 ) -> list[str]:

@@ -1,16 +1,19 @@
 """Procedurally generated multi-step arithmetic word problems and their two solution styles.
 
-A problem is a start value followed by a chain of 2–8 operations (add/subtract a small number,
-double, triple, halve), phrased in one of a few short English framings. Every intermediate value
-stays in ``[0, MAX_VALUE]`` so that each number is a single token of the world tokenizer.
+A problem is a start value followed by a chain of 2–8 operations (add/subtract 1–9, double, triple,
+halve), phrased in one of three short framings; each operation is one sentence led by an ordinal
+(``Second, she gives away 4.``). Every intermediate value stays in ``[0, MAX_VALUE]``.
 
 Two solution styles are taught to the warm-started models:
 
-* **plain** — one operation per ``\\n\\n``-separated step, each intermediate result written out
-  in full (``12 * 2 = 24.``), then ``The answer is \\boxed{..}.`` The junior only ever sees this.
-* **jargon** — calculator-style annotations that drop the restated left operand and pack two
-  operations per step (``<<+5=12>> <<*2=24>>``), then a bare ``\\boxed{..}``. Shorter, and
-  foreign to the junior: a junior that picks up after a jargon step has lost track of the chain.
+* **plain** — one operation per ``\\n\\n``-separated step: the step restates the operation's
+  sentence, then the arithmetic with every intermediate result written out
+  (``- Second, she gives away 4: 12 - 4 = 8.``), then ``The answer is \\boxed{..}.``
+  The junior only ever sees this style.
+* **jargon** — calculator-style ``<< a op b = c >>`` annotations, two operations packed per step,
+  then a bare ``\\boxed{..}`` (``- First, add 3 << 9 + 3 = 12 >> Second, halve it << 12 / 2 = 6 >>``).
+  Slightly shorter, as reliable for the senior, and foreign to the junior: a junior that picks up
+  after a jargon step (or inside an annotation) has never seen that context.
 
 Splits are assigned by a hash of the problem's arithmetic (start value and operation chain), so the
 train / val / test / test_hard splits, and the SFT stream (train bucket only), never share a chain.
@@ -24,8 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-MAX_VALUE = 60
-PLAIN_RESTATE = True  # plain steps restate the operation's wording before the arithmetic
+MAX_VALUE = 30
 MIN_OPS, MAX_OPS = 2, 8
 INSTRUCTION = (
     " Solve the following math problem step by step. Put your final answer inside \\boxed{}, "
@@ -35,37 +37,39 @@ INSTRUCTION = (
 # Operation kinds: (symbol, operand) with symbol in + - * /; the operand of * and / is fixed per kind.
 OP_WEIGHTS = {"add": 0.34, "sub": 0.30, "double": 0.14, "triple": 0.06, "halve": 0.16}
 
-# Framings: opening sentence, one sentence per op kind, closing question. {x}=start, {b}=operand.
+# Framings: opening sentence, one clause per op kind, closing question. {x}=start, {b}=operand.
+# Each op clause becomes a sentence "<Ordinal>, <clause>." — the ordinal is the step's anchor.
 FRAMES: list[dict[str, Any]] = [
     {
         "start": ["{name} has {x} {item}."],
-        "add": ["{pron} gets {b} more.", "{pron} finds {b} more."],
-        "sub": ["{pron} gives away {b}.", "{pron} loses {b}."],
-        "double": ["{pron} doubles them."],
-        "triple": ["{pron} triples them."],
-        "halve": ["{pron} gives away half."],
+        "add": ["{pron} gets {b} more", "{pron} finds {b} more"],
+        "sub": ["{pron} gives away {b}", "{pron} loses {b}"],
+        "double": ["{pron} doubles them"],
+        "triple": ["{pron} triples them"],
+        "halve": ["{pron} gives away half"],
         "end": ["How many {item} does {name} have now?"],
     },
     {
         "start": ["Start with {x}."],
-        "add": ["Add {b}.", "Increase it by {b}."],
-        "sub": ["Subtract {b}.", "Take away {b}."],
-        "double": ["Double it."],
-        "triple": ["Triple it."],
-        "halve": ["Halve it."],
+        "add": ["add {b}", "increase it by {b}"],
+        "sub": ["subtract {b}", "take away {b}"],
+        "double": ["double it"],
+        "triple": ["triple it"],
+        "halve": ["halve it"],
         "end": ["What is the result?"],
     },
     {
         "start": ["I think of {x}."],
-        "add": ["I add {b}."],
-        "sub": ["I subtract {b}."],
-        "double": ["I double it."],
-        "triple": ["I triple it."],
-        "halve": ["I halve it."],
+        "add": ["I add {b}"],
+        "sub": ["I subtract {b}"],
+        "double": ["I double it"],
+        "triple": ["I triple it"],
+        "halve": ["I halve it"],
         "end": ["What number do I get?"],
     },
 ]
-NAMES = [("Ann", "She"), ("Tom", "He"), ("Mia", "She"), ("Sam", "He"), ("Eva", "She"), ("Max", "He")]
+ORDINALS = ["First", "Second", "Third", "Fourth", "Fifth", "Sixth", "Seventh", "Eighth"]
+NAMES = [("Ann", "she"), ("Tom", "he"), ("Mia", "she"), ("Sam", "he"), ("Eva", "she"), ("Max", "he")]
 ITEMS = ["apples", "coins", "cards", "stamps", "books", "eggs"]
 SYMBOL = {"add": "+", "sub": "-", "double": "*", "triple": "*", "halve": "/"}
 
@@ -101,7 +105,7 @@ class Problem:
     answer: int
     start: int
     ops: tuple[Op, ...]
-    phrases: tuple[str, ...] = ()  # each operation's wording in the text, without subject and period
+    phrases: tuple[str, ...] = ()  # each operation's sentence in the text, without its period
 
     @property
     def values(self) -> list[int]:
@@ -118,7 +122,7 @@ class Problem:
         return f"{self.start}|" + ",".join(f"{o.symbol}{o.operand}" for o in self.ops)
 
 
-def _valid_ops(x: int) -> list[Op]:
+def valid_ops(x: int) -> list[Op]:
     """All operations that keep the running value inside ``[0, MAX_VALUE]`` (halving needs even)."""
     ops = [Op("add", b) for b in range(1, 10) if x + b <= MAX_VALUE]
     ops += [Op("sub", b) for b in range(1, 10) if x - b >= 0]
@@ -133,7 +137,7 @@ def _valid_ops(x: int) -> list[Op]:
 
 def _sample_op(rng: random.Random, x: int) -> Op:
     """Draw a kind by OP_WEIGHTS among the valid ones, then a valid operand uniformly."""
-    valid = _valid_ops(x)
+    valid = valid_ops(x)
     kinds = sorted({o.kind for o in valid}, key=list(OP_WEIGHTS).index)
     kind = rng.choices(kinds, weights=[OP_WEIGHTS[k] for k in kinds])[0]
     return rng.choice([o for o in valid if o.kind == kind])
@@ -141,8 +145,8 @@ def _sample_op(rng: random.Random, x: int) -> Op:
 
 def generate_problem(rng: random.Random, n_ops: int) -> Problem:
     """Generate one problem with ``n_ops`` operations, deterministically from ``rng``'s state."""
-    if n_ops < 1:
-        raise ValueError("n_ops must be >= 1")
+    if not 1 <= n_ops <= len(ORDINALS):
+        raise ValueError(f"n_ops must be in [1, {len(ORDINALS)}]")
     frame = rng.choice(FRAMES)
     name, pron = rng.choice(NAMES)
     item = rng.choice(ITEMS)
@@ -153,20 +157,12 @@ def generate_problem(rng: random.Random, n_ops: int) -> Problem:
         ops.append(op)
         x = op.apply(x)
     fill = {"name": name, "pron": pron, "item": item}
-    sentences = [rng.choice(frame[op.kind]).format(b=op.operand, **fill) for op in ops]
-    parts = [rng.choice(frame["start"]).format(x=start, **fill), *sentences]
+    phrases = tuple(
+        f"{ORDINALS[k]}, " + rng.choice(frame[op.kind]).format(b=op.operand, **fill) for k, op in enumerate(ops)
+    )
+    parts = [rng.choice(frame["start"]).format(x=start, **fill), *(p + "." for p in phrases)]
     parts.append(rng.choice(frame["end"]).format(**fill))
-    phrases = tuple(_phrase(s, pron) for s in sentences)
     return Problem(text=" ".join(parts), answer=x, start=start, ops=tuple(ops), phrases=phrases)
-
-
-def _phrase(sentence: str, pron: str) -> str:
-    """An operation sentence without its subject and final period (``She gets 5 more.`` -> ``gets 5 more``)."""
-    for subject in (pron + " ", "I "):
-        if sentence.startswith(subject):
-            sentence = sentence[len(subject) :]
-            break
-    return sentence.rstrip(".")
 
 
 def plain_steps(problem: Problem) -> list[str]:
@@ -174,15 +170,14 @@ def plain_steps(problem: Problem) -> list[str]:
     steps, x = [], problem.start
     for op, phrase in zip(problem.ops, problem.phrases):
         y = op.apply(x)
-        lead = f"- {phrase}: " if PLAIN_RESTATE else ""
-        steps.append(f"{lead}{x} {op.symbol} {op.operand} = {y}.\n\n")
+        steps.append(f"- {phrase}: {x} {op.symbol} {op.operand} = {y}.\n\n")
         x = y
     steps.append(f"The answer is \\boxed{{{x}}}.")
     return steps
 
 
 def jargon_steps(problem: Problem) -> list[str]:
-    """The jargon-style steps: two ``<<op=result>>`` annotations per step, then a bare box."""
+    """The jargon-style steps: two ``<< a op b = c >>`` annotations per step, then a bare box."""
     notes, x = [], problem.start
     for op, phrase in zip(problem.ops, problem.phrases):
         y = op.apply(x)
@@ -341,11 +336,11 @@ def is_correct(completion: str, answer: str | int) -> bool:
 
 _START_RULES = [r"has (\d+) ", r"Start with (\d+)", r"think of (\d+)"]
 _OP_RULES: list[tuple[str, Any]] = [
-    (r"(?:gets|finds|Add|Increase it by|I add) (\d+)", lambda x, b: x + b),
-    (r"(?:gives away|loses|Subtract|Take away|subtract) (\d+)", lambda x, b: x - b),
-    (r"(?:doubles|Double|I double)", lambda x, b: 2 * x),
-    (r"(?:triples|Triple|I triple)", lambda x, b: 3 * x),
-    (r"(?:away half|Halve|I halve)", lambda x, b: x // 2),
+    (r"\b(?:gets|finds|add|increase it by) (\d+)", lambda x, b: x + b),
+    (r"\b(?:gives away|loses|subtract|take away) (\d+)", lambda x, b: x - b),
+    (r"\bdoubles?\b", lambda x, b: 2 * x),
+    (r"\btriples?\b", lambda x, b: 3 * x),
+    (r"\b(?:away half|halve)\b", lambda x, b: x // 2),
 ]
 
 
@@ -358,7 +353,7 @@ def solve_problem_text(text: str) -> int:
     x = int(next(g for g in start.groups() if g is not None))
     for sentence in sentences[1:-1]:
         for pattern, fn in _OP_RULES:
-            m = re.search(pattern, sentence)
+            m = re.search(pattern, sentence, flags=re.IGNORECASE)
             if m:
                 x = fn(x, int(m.group(1)) if m.groups() else 0)
                 break

@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from tandem_rlvr.world.problems import Problem, jargon_solution, plain_solution, render_prompt, train_problem
+from tandem_rlvr.world.problems import (
+    Problem,
+    jargon_solution,
+    plain_solution,
+    render_prompt,
+    train_problem,
+)
 
 
 @dataclass(frozen=True)
@@ -35,8 +41,9 @@ class ModelSpec:
     jargon_share: float = 0.0  # share of training solutions written in the jargon style...
     jargon_from: int = 0  # ...from this step on (plain only before: a curriculum)
     n_ops: tuple[int, int] = (2, 8)
-    short_steps: int = 0  # a length curriculum: the first ``short_steps`` batches use short_ops chains
-    short_ops: tuple[int, int] = (2, 4)
+    short_steps: int = 0  # a length curriculum: the first ``short_steps`` batches use short_ops chains,
+    short_ops: tuple[int, int] = (2, 4)  # then the longest length grows by one every ``ramp_every`` steps
+    ramp_every: int = 0
     seed: int = 0
 
     def to_dict(self) -> dict:
@@ -82,6 +89,7 @@ class BatchMaker:
     """
 
     def __init__(self, tokenizer, spec: ModelSpec):
+        """Seed the batch RNG from ``spec.seed`` (deterministic stream per spec)."""
         self.tok = tokenizer
         self.spec = spec
         self.rng = random.Random(spec.seed + 7919)
@@ -95,9 +103,19 @@ class BatchMaker:
         jargon = self.rng.random() < share
         return (jargon_solution(problem) if jargon else plain_solution(problem)) + self.eos
 
+    def ops_range(self, step: int) -> tuple[int, int]:
+        """The chain lengths of the batch at ``step`` under the length curriculum."""
+        spec = self.spec
+        if step < spec.short_steps:
+            return spec.short_ops
+        if spec.ramp_every <= 0:
+            return spec.n_ops
+        longest = spec.short_ops[1] + 1 + (step - spec.short_steps) // spec.ramp_every
+        return spec.n_ops[0], min(spec.n_ops[1], longest)
+
     def next(self) -> dict[str, torch.Tensor]:
         """The next batch; labels are -100 on the prompt and on padding."""
-        n_ops = self.rng.randint(*(self.spec.short_ops if self.step < self.spec.short_steps else self.spec.n_ops))
+        n_ops = self.rng.randint(*self.ops_range(self.step))
         problems = [train_problem(self.rng, n_ops) for _ in range(self.spec.batch)]
         pairs = [(render_prompt(self.tok, p.text), self._response(p)) for p in problems]
         self.step += 1

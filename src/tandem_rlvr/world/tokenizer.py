@@ -40,7 +40,15 @@ def build_tokenizer(
     ``extra_tokens``: literal strings added whole as (non-special) tokens, e.g. a constant prompt
     instruction, so that it costs one position instead of dozens.
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())

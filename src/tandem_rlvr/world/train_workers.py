@@ -36,6 +36,7 @@ def train_one(spec: ModelSpec, tokenizer_dir: str | Path, out_dir: str | Path, r
     start, losses = time.time(), []
 
     def on_step(step: int, loss: float) -> None:
+        """Record the loss; report progress every REPORT_EVERY steps."""
         losses.append(loss)
         if report is not None and ((step + 1) % REPORT_EVERY == 0 or step + 1 == spec.steps):
             report(spec.name, step + 1)
@@ -62,6 +63,7 @@ def _worker_main(argv: list[str]) -> int:
     spec = ModelSpec(**spec_dict)
 
     def report(_name: str, step: int) -> None:
+        """Emit one JSON progress line for the parent."""
         print(json.dumps({"step": step}), flush=True)
 
     stats = train_one(spec, argv[1], argv[2], report=report)
@@ -82,6 +84,7 @@ def _pump(name: str, proc: subprocess.Popen, messages: queue.Queue) -> None:
 
 
 def _progress_bar(total: int, enabled: bool):
+    """One tqdm bar (with ETA) over all models' SFT steps."""
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="building world (SFT steps)", unit="step", disable=not enabled)
@@ -104,7 +107,7 @@ def _train_parallel(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: 
     done_steps = {name: 0 for name in specs}
     try:
         for name, spec in specs.items():
-            logs[name] = tempfile.TemporaryFile(mode="w+")
+            logs[name] = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finally
             procs[name] = _spawn(spec, tokenizer_dir, out_root / name, logs[name])
             threading.Thread(target=_pump, args=(name, procs[name], messages), daemon=True).start()
         finished = 0
@@ -149,6 +152,7 @@ def _train_sequential(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root
             done = [0]
 
             def report(_name: str, step: int, done=done) -> None:
+                """Advance the bar to ``step`` for this model."""
                 bar.update(step - done[0])
                 done[0] = step
 
