@@ -93,12 +93,12 @@ def bias_token(model, token_id: int, bias: float):
 
 @pytest.fixture(scope="session")
 def world(tmp_path_factory):
-    """The built-in world, built once per test session into a temporary cache: (paths, build seconds)."""
+    """The built-in world, built from scratch once per test session into a temporary cache: (paths, build seconds)."""
     import time
 
     from tandem_rlvr.world.build import build_world
 
     cache = tmp_path_factory.mktemp("world_cache")
     start = time.time()
-    paths = build_world(cache, progress=False)
+    paths = build_world(cache, progress=False, prebuilt=False)  # a real build, compared with the shipped copy in test_world
     return paths, time.time() - start

@@ -31,3 +31,21 @@ def test_demo_quick_writes_every_output(world, tmp_path, monkeypatch):
     for png in ("training_curves.png", "claims.png"):
         assert (out / png).stat().st_size > 1000
     assert (out / "runs" / "trlvr-seed0" / "final" / "model.safetensors").exists()
+
+    # A killed demo resumes after its last finished evaluation: drop kl_reg's entries (as if killed while
+    # it trained) and the finished-run marker; the rerun trains only kl_reg and keeps the other numbers.
+    import shutil
+
+    partial = json.loads((out / "results.json").read_text())
+    kept = {arm: partial["arms"][arm]["0"] for arm in ("grpo", "trlvr")}
+    del partial["arms"]["kl_reg"]["0"], partial["curves"]["kl_reg"]["0"], partial["total_s"]
+    (out / "results.json").write_text(json.dumps(partial))
+    for arm in ARMS:
+        shutil.rmtree(out / "runs" / f"{arm}-seed0")
+    assert main(["demo", "--quick", "--out", str(out)]) == 0
+    resumed = json.loads((out / "results.json").read_text())
+    assert resumed["resumed"] is True and set(resumed["arms"]["kl_reg"]) == {"0"}
+    for arm, metrics in kept.items():
+        assert resumed["arms"][arm]["0"] == metrics
+        assert not (out / "runs" / f"{arm}-seed0").exists(), f"{arm} was trained again"
+    assert (out / "runs" / "kl_reg-seed0" / "final" / "model.safetensors").exists()

@@ -63,3 +63,16 @@ def test_two_processes_equal_one(tmp_path, model_dirs):
     wb = load_file(str(runs[2] / "final" / "model.safetensors"))
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
     assert any(r["train/grad_norm"] > 0 for r in rows[1])
+
+
+def test_sharded_launchers_are_refused_with_a_clear_message():
+    from accelerate.utils import DistributedType
+
+    from tandem_rlvr.dist import check_supported
+    from tandem_rlvr.errors import TandemError
+
+    for ok in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        check_supported(ok)
+    for bad in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        with pytest.raises(TandemError, match=f"{bad.value} is not supported.*ddp.yaml"):
+            check_supported(bad)

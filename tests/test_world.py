@@ -166,9 +166,31 @@ def test_a_damaged_or_interrupted_build_is_not_trusted(world, tmp_path, monkeypa
     cache = tmp_path / "cache"
     monkeypatch.setattr(build, "_build_into", killed)
     with pytest.raises(KeyboardInterrupt):
-        build.build_world(cache, progress=False)
+        build.build_world(cache, progress=False, prebuilt=False)
     assert not (cache / build.world_key()).exists()
     assert not list(cache.glob(".tmp-*"))
+
+
+def test_the_shipped_world_is_this_recipe_built(world):
+    """The package ships the world of the current recipe (so the first demo needs no 3-minute build), and
+    it is byte for byte what the build makes (seeded single-threaded CPU training; checked on x86-64)."""
+    from tandem_rlvr.world.build import prebuilt_world
+
+    shipped = prebuilt_world()
+    assert shipped is not None, ("no intact shipped world for this recipe: rebuild it and copy the cache "
+                                 "folder to src/tandem_rlvr/world/prebuilt/ (see the README)")
+    built, mine = json.loads((world[0].root / "manifest.json").read_text()), json.loads((shipped / "manifest.json").read_text())
+    assert mine["recipe"] == built["recipe"]
+    assert mine["files"] == built["files"], "the shipped world differs from a fresh build on this machine"
+
+
+def test_a_cache_miss_installs_the_shipped_world(tmp_path):
+    from tandem_rlvr.world import build
+
+    start = time.time()
+    paths = build.build_world(tmp_path, progress=False)
+    assert time.time() - start < 10 and build.is_complete(paths.root)
+    assert paths.root == tmp_path / build.world_key() and not list(tmp_path.glob(".tmp-*"))
 
 
 def test_models_are_small_and_loadable(world, report):

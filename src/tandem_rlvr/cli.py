@@ -27,7 +27,8 @@ def _eval(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from tandem_rlvr.demo import run_demo
 
-    run_demo(out_dir=args.out, quick=args.quick, seeds=args.seeds, force_world=args.rebuild_world)
+    run_demo(out_dir=args.out, quick=args.quick, seeds=args.seeds, force_world=args.rebuild_world,
+             restart=args.restart)
     return 0
 
 
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; 1 with --quick)")
     d.add_argument("--out", default="demo_out", help="output directory")
     d.add_argument("--rebuild-world", action="store_true", help="rebuild the cached world models")
+    d.add_argument("--restart", action="store_true", help="start over instead of resuming an interrupted demo in --out")
     d.set_defaults(func=_demo)
 
     c = sub.add_parser("config-help", help="list every training config key with its documentation")

@@ -78,6 +78,8 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     batch_size: int = _f(0, "Rollouts per engine call (0 = all of this process's rollouts of the step at once). A multiple of group_size.")
+    engine: str = _f("hf", "Rollout engine: hf (in-process lockstep engine, every schedule) or vllm (vLLM engines, schedules none/step/alternate; needs tandem-rlvr[vllm]).")
+    vllm_memory: float = _f(0.3, "Share of the accelerator's memory each vLLM engine may take (senior and junior engines share the device with training).")
 
 
 @dataclass
@@ -264,6 +266,12 @@ def validate(cfg: Config) -> None:
         (r.temperature > 0, "rollout.temperature", "must be > 0 for GRPO sampling"),
         (0 < r.top_p <= 1 and r.top_k >= 0, "rollout.top_p", "top_p must be in (0, 1] and top_k >= 0"),
         (r.batch_size == 0 or r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),
+        (r.engine in ("hf", "vllm"), "rollout.engine", f"must be hf or vllm, got {r.engine!r}"),
+        (r.engine != "vllm" or a.arm != "trlvr" or h.schedule in ("step", "alternate"), "rollout.engine",
+         f"vllm serves handoff schedules none, step and alternate only; {h.schedule!r} handoffs stay on the "
+         "in-process engine (rollout.engine=hf): a handoff every few tokens would make each one an engine round-trip"),
+        (r.engine != "vllm" or not cfg.model.bridge, "rollout.engine", "vllm does not run the text bridge (model.bridge); use rollout.engine=hf"),
+        (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
         (t.save_every >= 0 and t.keep_last >= 1, "train.save_every", "save_every must be >= 0 and keep_last >= 1"),
         (t.max_nonfinite >= 1, "train.max_nonfinite", f"must be >= 1, got {t.max_nonfinite}"),

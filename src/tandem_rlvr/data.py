@@ -14,7 +14,7 @@ import importlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -461,3 +461,19 @@ def load_examples(
         f"data: unknown benchmark {source!r}; valid: {', '.join(BENCHMARKS)}; "
         f"or pass a path to a {'/'.join(FILE_SUFFIXES)} file, or world/<split>"
     )
+
+
+def encode_prompts(tokenizer, examples: Sequence, *, max_prompt_tokens: int | None = None,
+                   what: str = "eval") -> tuple[list[int], list[list[int]]]:
+    """Chat-rendered prompt ids of ``examples``; returns ``(kept example indices, ids)``.
+
+    Prompts longer than ``max_prompt_tokens`` are skipped with a warning (``what`` names the caller)
+    and counted by callers.
+    """
+    texts = [render_prompt(tokenizer, ex.problem) for ex in examples]
+    enc = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    keep = [i for i, e in enumerate(enc) if max_prompt_tokens is None or len(e) <= max_prompt_tokens]
+    if len(keep) < len(enc):
+        logger.warning("%s: skipped %d of %d prompts longer than %d tokens", what, len(enc) - len(keep), len(enc),
+                    max_prompt_tokens)
+    return keep, [list(enc[i]) for i in keep]

@@ -33,10 +33,10 @@ class DemoPlan:
     """Sizes of one demo run (``quick`` or ``full``)."""
 
     seeds: int = 3
-    steps: int = 32
+    steps: int = 20
     prompts_per_step: int = 8
     group_size: int = 8
-    max_new_tokens: int = 80
+    max_new_tokens: int = 112  # the longest plain solution of the test split (6 operations) is ~105 tokens
     eval_problems: int = 48
     eval_n: int = 4
     curve_ps: tuple = (1.0, 0.5, 0.25)
@@ -88,9 +88,35 @@ def _evaluate(senior, junior, tok, examples, plan: DemoPlan, scorer, seed: int, 
     return metrics
 
 
+def _previous(out: Path, results: dict, restart: bool) -> dict:
+    """Results of an earlier run of the same plan, world and junior in ``out`` (so a killed demo resumes
+    after its last finished evaluation); ``results`` (empty) when there is none or ``restart``."""
+    import json
+
+    path = out / "results.json"
+    if restart or not path.is_file():
+        return results
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        log.warning("ignoring unreadable %s (starting over)", path)
+        return results
+    same = all(old.get(k) == results[k] for k in ("plan", "junior")) and old.get("world", {}).get("senior") == results["world"]["senior"]
+    if not same:
+        log.info("%s holds another plan, world or junior: starting over", path)
+        return results
+    log.info("resuming the demo in %s: its finished evaluations are kept (--restart recomputes them)", out)
+    keep = ("warm_start", "arms", "curves", "total_s")
+    return {**results, **{k: old[k] for k in keep if k in old}, "resumed": True}
+
+
 def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: int | None = None,
-             force_world: bool = False, junior: str = "weak", plan: DemoPlan | None = None) -> dict:
-    """Run the whole demo; returns the results dict also written to ``out_dir/results.json``."""
+             force_world: bool = False, junior: str = "weak", plan: DemoPlan | None = None,
+             restart: bool = False) -> dict:
+    """Run the whole demo; returns the results dict also written to ``out_dir/results.json``.
+
+    An interrupted demo resumes: evaluations already in ``out_dir/results.json`` (same plan, world
+    and junior, run not finished) are kept, the rest is trained and evaluated (``restart``: all)."""
     from tandem_rlvr.data import load_examples
     from tandem_rlvr.demo_report import write_report
     from tandem_rlvr.models import Pair, freeze, load_causal_lm, load_tokenizer
@@ -117,10 +143,15 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     results = {"plan": {**plan.__dict__, "curve_ps": list(plan.curve_ps)}, "junior": junior,
                "world": {"senior": str(paths.senior_dir), "junior": str(paths.junior_dir), "build_s": t_world},
                "warm_start": {}, "arms": {a: {} for a in ARMS}, "curves": {a: {} for a in ARMS}}
+    results = _previous(out, results, restart)
     with RewardScorer("math", time_limit=2.0, num_workers=1) as scorer:
-        results["warm_start"] = _evaluate(warm, jmodel, tok, test_ex, plan, scorer, 0, "warm_start")
+        if not results["warm_start"]:
+            results["warm_start"] = _evaluate(warm, jmodel, tok, test_ex, plan, scorer, 0, "warm_start")
+            atomic_write_json(out / "results.json", results)
         for seed in range(plan.seeds):
             for arm in ARMS:
+                if str(seed) in results["arms"][arm] and str(seed) in results["curves"][arm]:
+                    continue
                 run_dir = out / "runs" / f"{arm}-seed{seed}"
                 cfg = train_config(arm, seed, run_dir, plan, str(paths.senior_dir), jdir)
                 pair = Pair(copy.deepcopy(warm), jmodel, tok)
@@ -131,7 +162,8 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
                 results["arms"][arm][str(seed)] = _evaluate(senior, jmodel, tok, test_ex, plan, scorer, 1000 + seed,
                                                             f"{arm}-seed{seed}")
                 atomic_write_json(out / "results.json", results)
-    results["total_s"] = time.perf_counter() - t0
+    if "total_s" not in results:  # a finished demo that was only re-reported keeps its own time
+        results["total_s"] = time.perf_counter() - t0
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     log.info("demo finished in %.0f s; report: %s", results["total_s"], out / "report.md")

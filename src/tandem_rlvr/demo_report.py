@@ -176,14 +176,6 @@ def write_plots(results: dict, out: Path) -> list[Path]:
 
 
 def _save(fig, path: Path) -> Path:
-    import os
-    import tempfile
+    from tandem_rlvr.report import save_figure
 
-    import matplotlib.pyplot as plt
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return save_figure(fig, path, dpi=110)

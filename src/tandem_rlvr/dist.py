@@ -11,6 +11,26 @@ COUNT_SUFFIXES = ("/n", "/timeouts", "/no_box", "/errors", "/too_long", "/trunca
                   "/correct", "/seconds")
 
 
+UNSUPPORTED = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")  # every DDP-style type (NO, MULTI_*) is supported
+
+
+def check_supported(distributed_type) -> None:
+    """Refuse launchers the trainer does not support yet (instead of hanging or training wrongly).
+
+    FSDP gathers sharded weights inside every forward, so all processes must run the same number of
+    forwards, which the rollout engine (it stops when *its* rows are done) does not guarantee; DeepSpeed
+    steps its optimizer inside ``backward`` and clips by its own setting. See docs/scale_out.md.
+    """
+    name = str(getattr(distributed_type, "value", distributed_type)).upper()
+    if name in UNSUPPORTED:
+        from tandem_rlvr.errors import TandemError
+
+        raise TandemError(f"accelerate distributed type {name} is not supported by the trainer yet (FSDP and "
+                          "DeepSpeed need rollouts with the same number of forwards on every process; see "
+                          "docs/scale_out.md): launch with configs/accelerate/ddp.yaml, with LoRA (model.lora_r) "
+                          "if the model does not fit")
+
+
 def reduce_scalar(acc, value: float, op: str) -> float:
     """``sum`` / ``max`` / ``mean`` of a Python scalar over processes."""
     if acc.num_processes == 1:

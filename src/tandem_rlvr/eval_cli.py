@@ -29,7 +29,7 @@ DEFAULTS = {
     "temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_rounds": 150, "context": 4096, "split": None,
     "problem_key": "problem", "answer_key": "answer", "id_key": "id", "trust_remote_code": False,
     "dtype": "auto", "device": "auto", "reward_timeout_s": 2.0, "reward_workers": 2, "chunk_tokens": 1024,
-    "score_batch": 8, "progress": True, "overwrite": False,
+    "score_batch": 8, "progress": True, "overwrite": False, "engine": "hf", "vllm_memory": 0.3,
 }
 LIST_KEYS = ("senior", "benchmark")
 
@@ -68,6 +68,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     a("--reward-workers", type=int, default=None, help="answer-checking worker processes (default 2)")
     a("--chunk-tokens", type=int, default=None, help="tokens per vocabulary-sized scoring chunk (default 1024)")
     a("--score-batch", type=int, default=None, help="chains per teacher-forced scoring forward (default 8)")
+    a("--engine", choices=("hf", "vllm"), default=None,
+      help="sampler of the solo and step-handoff chains: hf (in-process, default) or vllm (tandem-rlvr[vllm])")
+    a("--vllm-memory", type=float, default=None, help="share of the GPU each vLLM engine may take (default 0.3)")
     a("--no-progress", dest="progress", action="store_const", const=False, default=None)
     a("--overwrite", dest="overwrite", action="store_const", const=True, default=None,
       help="recompute finished (senior, benchmark) parts instead of reusing them")
@@ -106,6 +109,8 @@ class EvalOptions:
     score_batch: int = 8
     progress: bool = True
     overwrite: bool = False
+    engine: str = "hf"
+    vllm_memory: float = 0.3
 
 
 def _read_config(path: str | None) -> dict:
@@ -175,7 +180,9 @@ def resolve_options(args: argparse.Namespace) -> EvalOptions:
               (opts.max_new_tokens >= 1, "max_new_tokens must be >= 1"), (opts.temperature >= 0, "temperature must be >= 0"),
               (0 < opts.top_p <= 1 and opts.top_k >= 0, "top_p must be in (0, 1] and top_k >= 0"),
               (all(0 <= p <= 1 for p in opts.curve_ps), "curve_ps must lie in [0, 1]"),
-              (opts.context > 1 and opts.max_rounds >= 1, "context must be > 1 and max_rounds >= 1")]
+              (opts.context > 1 and opts.max_rounds >= 1, "context must be > 1 and max_rounds >= 1"),
+              (opts.engine in ("hf", "vllm"), f"engine must be hf or vllm, got {opts.engine!r}"),
+              (0 < opts.vllm_memory <= 1, "vllm_memory must be in (0, 1]")]
     for ok, msg in checks:
         if not ok:
             raise ConfigError(f"eval: {msg}")
@@ -196,7 +203,7 @@ class AtomicJsonl:
     def __enter__(self) -> AtomicJsonl:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        from tandem_rlvr.report import file_mode
+        from tandem_rlvr.io import file_mode
 
         os.chmod(self.tmp, file_mode())
         self.f = os.fdopen(fd, "w", encoding="utf-8")
@@ -233,7 +240,7 @@ def _stamp(path: str) -> list:
 
 def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples) -> str:
     keys = ("n", "max_new_tokens", "seed", "batch_size", "reward", "curve_ps", "temperature", "top_p", "top_k",
-            "max_rounds", "context", "dtype", "device")
+            "max_rounds", "context", "dtype", "device", "engine")
     blob = {k: getattr(opts, k) for k in keys}
     blob.update(senior=[senior_path, _stamp(senior_path)], junior=[opts.junior, _stamp(opts.junior)], source=source,
                 data=hashlib.sha256(json.dumps([[str(e.id), e.problem, str(e.answer)] for e in examples]).encode()).hexdigest())
@@ -278,7 +285,27 @@ def _pair_kwargs(opts: EvalOptions) -> dict:
                 progress=opts.progress, keep_chains=False)
 
 
-def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer) -> dict:
+def _vllm_llm(opts: EvalOptions, path: str, dtype: str):
+    """A vLLM engine over ``path`` for ``--engine vllm``."""
+    from tandem_rlvr.vllm_backend import make_llm
+
+    return make_llm(path, dtype=dtype, gpu_memory_utilization=opts.vllm_memory, seed=opts.seed,
+                    max_model_len=opts.context, trust_remote_code=opts.trust_remote_code)
+
+
+def _engine(opts: EvalOptions, path: str, dtype: str, junior_llm, tok, senior):
+    """The VLLMEngine of one senior (``None`` for ``--engine hf``)."""
+    if junior_llm is None:
+        return None
+    from tandem_rlvr.models import eos_ids
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    return VLLMEngine(_vllm_llm(opts, path, dtype), junior_llm, eos_token_ids=eos_ids(tok, senior),
+                      pad_token_id=tok.pad_token_id)
+
+
+def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
+                 junior_llm=None) -> dict:
     from tandem_rlvr.evaluate import evaluate_pair
     from tandem_rlvr.io import atomic_write_json
     from tandem_rlvr.metrics import macro_average
@@ -287,7 +314,7 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
     out, device, dtype = Path(opts.out), *_device_dtype(opts)
     tok = load_tokenizer(path, trust_remote_code=opts.trust_remote_code, role=f"senior {name!r}")
     check_tokenizers(tok, junior_tok, path, opts.junior)
-    senior, per = None, {}
+    senior, engine, per = None, None, {}
     for bname, (src, examples) in benches.items():
         fp = _fingerprint(opts, path, src, examples)
         part = out / "parts" / f"{slug(name)}__{slug(bname)}.json"
@@ -301,14 +328,16 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
         if senior is None:
             senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
                                            role=f"senior {name!r}")).to(device)
+            engine = _engine(opts, path, dtype, junior_llm, tok, senior)
         t0 = time.perf_counter()
         with AtomicJsonl(chains) as sink:
             metrics, _ = evaluate_pair(senior, junior, tok, examples, scorer=scorer, sink=sink.write,
-                                       labels={"senior": name, "benchmark": bname}, **_pair_kwargs(opts))
+                                       labels={"senior": name, "benchmark": bname}, engine=engine,
+                                       **_pair_kwargs(opts))
         metrics["time_s"] = time.perf_counter() - t0
         atomic_write_json(part, {"fingerprint": fp, "metrics": metrics})
         per[bname] = metrics
-    del senior
+    del senior, engine
     gc.collect()
     return {"per_benchmark": per, "macro": macro_average(per)}
 
@@ -338,11 +367,12 @@ def run_eval(opts: EvalOptions) -> dict:
     benches = _load_benchmarks(opts)
     junior_tok = load_tokenizer(opts.junior, trust_remote_code=opts.trust_remote_code, role="junior")
     junior = freeze(load_causal_lm(opts.junior, dtype=dtype, trust_remote_code=opts.trust_remote_code, role="junior")).to(device)
+    junior_llm = _vllm_llm(opts, opts.junior, dtype) if opts.engine == "vllm" else None
     t0 = time.perf_counter()
     results = {}
     with open_scorer(opts.reward, opts.reward_timeout_s, opts.reward_workers) as scorer:
         for name, path in opts.seniors.items():
-            results[name] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer)
+            results[name] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, junior_llm)
     settings = _settings(opts, benches) | {"elapsed_s": time.perf_counter() - t0}
     if len(results) == 1:
         (name, res), = results.items()

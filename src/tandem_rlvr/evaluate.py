@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from tandem_rlvr import metrics as M
+from tandem_rlvr.data import encode_prompts
 from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.rollout import Rollout, Sampling, generate
 
@@ -227,21 +228,6 @@ def open_scorer(reward: str, timeout_s: float = 2.0, num_workers: int = 2):
     return RewardScorer(reward, num_workers=num_workers, **{limit_kw: timeout_s})
 
 
-def encode_prompts(tokenizer, examples: Sequence, *, max_prompt_tokens: int | None = None) -> tuple[list[int], list[list[int]]]:
-    """Chat-rendered prompt ids of ``examples``; returns ``(kept example indices, ids)``.
-
-    Prompts longer than ``max_prompt_tokens`` are skipped with a warning (and counted by callers).
-    """
-    from tandem_rlvr.data import render_prompt
-
-    texts = [render_prompt(tokenizer, ex.problem) for ex in examples]
-    enc = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    keep = [i for i, e in enumerate(enc) if max_prompt_tokens is None or len(e) <= max_prompt_tokens]
-    if len(keep) < len(enc):
-        log.warning("eval: skipped %d of %d prompts longer than %d tokens", len(enc) - len(keep), len(enc), max_prompt_tokens)
-    return keep, [list(enc[i]) for i in keep]
-
-
 def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     P = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), P), int(pad_id), dtype=torch.long)
@@ -280,6 +266,7 @@ class _Job:
     sink: Callable | None = None
     keep_chains: bool = True
     chains: list = field(default_factory=list)
+    engine: object = None  # a VLLMEngine for the solo and step-handoff modes (None: in-process)
 
     def batches(self) -> list[list[tuple[int, int]]]:
         """(problem, sample) rows, problems in prompt-length order so a batch pads little."""
@@ -314,9 +301,12 @@ def _run_mode(job: _Job, mode: str, schedule, *, max_rounds: int | None = None, 
         budget = job.sampling.max_new_tokens
         if job.context is not None:
             budget = max(1, min(budget, job.context - ids.shape[1]))
-        ro = generate(job.senior, job.junior, ids, mask, schedule, replace(job.sampling, max_new_tokens=budget),
-                      eos_token_ids=job.eos, pad_token_id=pad, seed=_batch_seed(job.seed, tag, b),
-                      max_rounds=max_rounds, record_junior=False)
+        sampling, seed = replace(job.sampling, max_new_tokens=budget), _batch_seed(job.seed, tag, b)
+        if job.engine is not None and schedule.name in ("none", "alternate"):
+            ro = job.engine.generate(ids, mask, schedule, sampling, seed=seed, max_rounds=max_rounds)
+        else:
+            ro = generate(job.senior, job.junior, ids, mask, schedule, sampling, eos_token_ids=job.eos,
+                          pad_token_id=pad, seed=seed, max_rounds=max_rounds, record_junior=False)
         texts = ro.texts(job.tokenizer)
         rewards = job.grader.grade(texts, [job.golds[pi] for pi, _ in rows])
         sc = chain_scores(job.senior, job.junior, ro, chunk_tokens=job.chunk_tokens, score_batch=job.score_batch) if score else None
@@ -401,20 +391,22 @@ def evaluate_pair(senior, junior, tokenizer, examples: Sequence, *, n: int = 8, 
                   batch_size: int = 64, ks: Sequence[int] = M.DEFAULT_KS, max_rounds: int = MAX_ROUNDS,
                   context: int | None = EVAL_CONTEXT, chunk_tokens: int = 1024, score_batch: int = 8,
                   labels: dict | None = None, progress: bool = True, sink: Callable | None = None,
-                  keep_chains: bool = True) -> tuple[dict, list[dict]]:
+                  keep_chains: bool = True, engine=None) -> tuple[dict, list[dict]]:
     """Evaluate one loaded senior with one loaded junior on ``examples`` (``Example(id, problem, answer)``).
 
     Returns ``(metrics, chains)``: the per-benchmark metrics (keys as in ``eval.json``) and every
     sampled chain as a dict (``labels`` are copied into each; ``sink`` is also called with each as
     soon as it is graded; ``keep_chains=False`` returns an empty list instead). Grading uses exactly one of ``reward_fn(completion, gold)`` or a
     ``scorer`` with ``.score(texts, golds) -> (rewards, stats)``. ``curve_ps`` empty/None skips the
-    curve. The prompt plus response never exceeds ``context`` tokens.
+    curve. The prompt plus response never exceeds ``context`` tokens. ``engine``: a
+    :class:`~tandem_rlvr.vllm_backend.VLLMEngine` over the same two models that samples the solo and
+    step-handoff chains (scoring and the word-handoff curve stay in-process).
     """
     sampling = sampling or eval_sampling()
     job, skipped = _make_job(senior, junior, tokenizer, examples, n=n, sampling=sampling, seed=seed,
                              reward_fn=reward_fn, scorer=scorer, batch_size=batch_size, context=context,
                              labels=labels, progress=progress, sink=sink, chunk_tokens=chunk_tokens,
-                             score_batch=score_batch, keep_chains=keep_chains)
+                             score_batch=score_batch, keep_chains=keep_chains, engine=engine)
     vocab = senior.get_output_embeddings().weight.shape[0]
     solo = _run_mode(job, "solo", make_schedule("none"), score=True)
     hand = _run_mode(job, "handoff", make_schedule("alternate", tokenizer, vocab_size=vocab), max_rounds=max_rounds)

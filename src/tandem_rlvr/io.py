@@ -8,30 +8,39 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never half."""
+def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool = False) -> Path:
+    """Call ``write(f)`` on a temporary file next to ``path``, fsync, then rename it to ``path``:
+    a reader sees the old file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give results the usual mode
+    os.chmod(tmp, file_mode())  # mkstemp makes 0600 files; give results the usual mode
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
 
 
-def _umask() -> int:
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (:func:`atomic_write`)."""
+    atomic_write(path, lambda f: f.write(text))
+
+
+def file_mode() -> int:
+    """The mode a new file gets under the current umask (0666 & ~umask)."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:

@@ -8,10 +8,10 @@ Plots are written atomically (temporary file in the same folder, fsync, rename).
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from tandem_rlvr.io import atomic_write
 
 PCT_KEYS_PREFIX = ("solo_pass@", "handoff_pass@")
 
@@ -150,29 +150,10 @@ def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
     """Save a matplotlib figure atomically as PNG and close it."""
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, file_mode())  # mkstemp makes 0600; give the usual file mode
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"), binary=True)
     finally:
         plt.close(fig)
-    return path
-
-
-def file_mode() -> int:
-    """The mode a plainly created file gets here (``0o666`` less the process umask)."""
-    old = os.umask(0o022)
-    os.umask(old)
-    return 0o666 & ~old
 
 
 def _figure():

@@ -24,6 +24,7 @@ from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.io import append_jsonl
+from tandem_rlvr.rewards import import_reward
 from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts, generate
 
 log = logging.getLogger(__name__)
@@ -106,9 +107,10 @@ class Trainer:
     """Holds the models, optimiser and data of one run; :meth:`train` runs it to the end."""
 
     def __init__(self, cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False,
-                 text_metrics=None):
+                 text_metrics=None, vllm_engine=None):
         """``pair``/``examples`` override loading from the config; ``reward_fn(completion, gold)`` replaces
-        the configured verifier (scored in-process); ``text_metrics(texts) -> dict`` adds rollout metrics."""
+        the configured verifier (scored in-process); ``text_metrics(texts) -> dict`` adds rollout metrics;
+        ``vllm_engine`` replaces the engines ``rollout.engine=vllm`` would start."""
         from accelerate import Accelerator
 
         from tandem_rlvr.models import eos_ids, load_pair
@@ -119,6 +121,7 @@ class Trainer:
         # Without an accelerator, cpu=True lets `accelerate launch` / torchrun run gloo DDP over CPU processes.
         self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
                                cpu=not torch.cuda.is_available())
+        dist.check_supported(self.acc.distributed_type)
         self._prepare_run_dir_once(restart)
         if cfg.algo.mini_batch_prompts % self.acc.num_processes:
             raise TandemError(f"algo.mini_batch_prompts={cfg.algo.mini_batch_prompts} must be divisible by the "
@@ -143,6 +146,12 @@ class Trainer:
         self.junior = self.pair.junior
         if hasattr(self.junior, "to"):
             self.junior.to(self.acc.device)
+        self.vllm = vllm_engine
+        if self.vllm is None and cfg.rollout.engine == "vllm":
+            from tandem_rlvr.vllm_backend import training_engine
+
+            self.vllm = training_engine(cfg, uses_junior=self.plan.schedule != "none", eos_token_ids=self.eos,
+                                        pad_token_id=self.tok.pad_token_id, num_processes=self.acc.num_processes)
         self.step = 0
         self.nonfinite_run = 0
         self.best = {"val": None, "step": None}
@@ -174,6 +183,7 @@ class Trainer:
         self.step = int(state["step"])
         self.nonfinite_run = int(state.get("nonfinite_run", 0))
         self.best = state.get("best", self.best)
+        self._push_to_engine()
         if self.acc.is_main_process:
             rundir.truncate_metrics(self.run_dir, self.step)
         log.info("resumed from %s at step %d", self.resume_from, self.step)
@@ -223,12 +233,15 @@ class Trainer:
                 idx.extend(rows)
                 continue
             enc = self.tok.pad({"input_ids": [self.prompts[i] for i in rows]}, return_tensors="pt", padding=True)
+            ids, mask = enc["input_ids"].to(self.acc.device), enc["attention_mask"].to(self.acc.device)
+            seed = _step_seed(cfg.train.seed, step) + chunk[0][0]
             try:
-                parts.append(generate(
-                    senior, self.junior, enc["input_ids"].to(self.acc.device), enc["attention_mask"].to(self.acc.device),
-                    self.schedule, sampling, eos_token_ids=self.eos, pad_token_id=self.tok.pad_token_id,
-                    seed=_step_seed(cfg.train.seed, step) + chunk[0][0], record_junior=self.plan.schedule != "none",
-                ))
+                if self.vllm is not None:
+                    parts.append(self.vllm.generate(ids, mask, self.schedule, sampling, seed=seed))
+                else:
+                    parts.append(generate(senior, self.junior, ids, mask, self.schedule, sampling, eos_token_ids=self.eos,
+                                          pad_token_id=self.tok.pad_token_id, seed=seed,
+                                          record_junior=self.plan.schedule != "none"))
             except RuntimeError as e:
                 if "probability tensor" not in str(e):
                     raise
@@ -348,6 +361,11 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         return norm
 
+    def _push_to_engine(self) -> None:
+        """Load the senior's current weights into the vLLM senior engine (no-op in-process)."""
+        if self.vllm is not None:
+            self.vllm.push_senior(self.acc.unwrap_model(self.senior))
+
     def train_step(self, step: int) -> dict:
         """One full step; returns its metrics row."""
         t0 = time.perf_counter()
@@ -366,6 +384,7 @@ class Trainer:
         t2 = time.perf_counter()
         metrics = self.update(rollout, adv, step)
         self.sched.step()
+        self._push_to_engine()
         t3 = time.perf_counter()
         row = {"step": step + 1, **{k: float(v) for k, v in ametrics.items()}, **rstats, **metrics}
         row.update({
@@ -475,23 +494,6 @@ class _Null:
         return False
 
 
-def import_reward(spec: str):
-    """A user reward ``"package.module:function"`` (a plain ``(completion, gold) -> float``), or None
-    for the built-in names, which are scored with a hard time limit in worker processes."""
-    if ":" not in spec:
-        return None
-    import importlib
-
-    mod_name, _, attr = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise TandemError(f"data.reward {spec!r} cannot be imported: {e}") from None
-    if not callable(fn):
-        raise TandemError(f"data.reward {spec!r} is not callable")
-    return fn
-
-
 def _step_seed(seed: int, step: int) -> int:
     return (int(seed) * 1_000_003 + int(step) * 7919) % (2**31 - 1)
 
@@ -510,18 +512,9 @@ def _load_train(cfg: Config):
 
 
 def _encode_prompts(tok, examples, max_prompt_tokens: int) -> tuple[list[list[int]], list[int]]:
-    from tandem_rlvr.data import render_prompt
+    from tandem_rlvr.data import encode_prompts
 
-    ids, keep = [], []
-    texts = [render_prompt(tok, ex.problem) for ex in examples]
-    enc = tok(texts, add_special_tokens=False)["input_ids"]
-    for i, e in enumerate(enc):
-        if len(e) <= max_prompt_tokens:
-            ids.append(e)
-            keep.append(i)
-    skipped = len(examples) - len(keep)
-    if skipped:
-        log.warning("data: skipped %d of %d prompts longer than rollout.max_prompt_tokens=%d", skipped, len(examples), max_prompt_tokens)
+    keep, ids = encode_prompts(tok, examples, max_prompt_tokens=max_prompt_tokens, what="data (rollout.max_prompt_tokens)")
     if not ids:
         raise TandemError(f"no training prompt fits rollout.max_prompt_tokens={max_prompt_tokens}")
     return ids, keep

@@ -137,6 +137,32 @@ def push_model(llm, model) -> None:
         push_weights(llm, weights)
 
 
+# -- engines for a training run -----------------------------------------------------------------------
+def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad_token_id: int,
+                    num_processes: int = 1, make=None) -> VLLMEngine:
+    """The engines of a run with ``rollout.engine=vllm``: the senior's start weights and, for tandem
+    rollouts, the junior (self-paired: the same start weights, never pushed; LoRA: the base).
+
+    Each training process holds its own engines on its own device; with several processes they use
+    vLLM's ``external_launcher`` executor, as colocated trainers do. ``make`` replaces
+    :func:`make_llm` (tests).
+    """
+    from tandem_rlvr.models import resolve_name
+
+    m, r = cfg.model, cfg.rollout
+    make = make or make_llm
+    kw = dict(dtype=m.dtype, gpu_memory_utilization=r.vllm_memory, seed=cfg.train.seed,
+              max_model_len=r.max_prompt_tokens + r.max_new_tokens, trust_remote_code=m.trust_remote_code)
+    if num_processes > 1:
+        kw["distributed_executor_backend"] = "external_launcher"
+    senior_path = resolve_name(m.senior)
+    senior = make(senior_path, **kw)
+    junior = None
+    if uses_junior:
+        junior = make(senior_path if m.self_paired else resolve_name(m.junior), **kw)
+    return VLLMEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
+
+
 # -- generation --------------------------------------------------------------------------------------
 @dataclass
 class _Chain:
@@ -288,7 +314,7 @@ def _to_rollout(chains: list[_Chain], prompt_ids_BP: torch.Tensor, prompt_mask_B
     dev = prompt_ids_BP.device  # response tensors live with the prompts, as in the in-process engine
     return Rollout(
         prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP, response_ids_BT=ids_BT.to(dev),
-        response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T),
-        junior_logps_BT=None, rounds_B=rounds_B, finished_B=torch.tensor([c.eos for c in chains]).to(dev),
+        response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T, device=dev),
+        junior_logps_BT=None, rounds_B=rounds_B.to(dev), finished_B=torch.tensor([c.eos for c in chains]).to(dev),
         schedule=schedule,
     )

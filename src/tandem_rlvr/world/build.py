@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -37,6 +38,8 @@ from tandem_rlvr.world.sft import ModelSpec
 from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN, build_tokenizer
 
 WORLD_VERSION = 1
+PREBUILT_DIR = Path(__file__).with_name("prebuilt")  # worlds shipped with the package, one folder per key
+log = logging.getLogger(__name__)
 SEED = 1234
 TOKENIZER_VOCAB = 1024  # an upper bound: the trainer stops once every pair in the corpus is merged
 TOKENIZER_CORPUS = 3000  # problems in the tokenizer corpus
@@ -210,6 +213,16 @@ def tokenizer_corpus() -> list[str]:
     return corpus
 
 
+ENV_KEYS = ("local_files_only",)  # echoed into tokenizer_config.json from the environment (HF_HUB_OFFLINE)
+
+
+def normalize_configs(root: Path) -> None:
+    """Drop environment echoes from the saved tokenizer configs, so a build's bytes depend on the recipe only."""
+    for path in sorted(root.rglob("tokenizer_config.json")):
+        cfg = json.loads(path.read_text())
+        path.write_text(json.dumps({k: v for k, v in cfg.items() if k not in ENV_KEYS}, indent=2, ensure_ascii=False) + "\n")
+
+
 def _build_into(tmp: Path, progress: bool) -> None:
     """Build every artefact of the world into ``tmp`` and write its manifest last."""
     from tandem_rlvr.world.train_workers import train_models
@@ -221,6 +234,7 @@ def _build_into(tmp: Path, progress: bool) -> None:
     stats = train_models(
         {"junior": JUNIOR_SPEC, "senior": SENIOR_SPEC}, tmp / "tokenizer", tmp, progress=progress
     )
+    normalize_configs(tmp)
     manifest = {
         "recipe": recipe(),
         "vocab_size": len(tokenizer),
@@ -242,11 +256,20 @@ def _install(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
 
 
-def build_world(cache_dir: str | Path | None = None, *, force: bool = False, progress: bool = True) -> WorldPaths:
-    """Return the world's paths, building it first if absent, incomplete, or ``force`` is set.
+def prebuilt_world() -> Path | None:
+    """The copy of this recipe's world shipped with the package (``world/prebuilt/<key>``), if intact."""
+    root = PREBUILT_DIR / world_key()
+    return root if is_complete(root) else None
 
-    Deterministic for a given recipe (seeded, single-threaded training per model); the two warm
-    starts train in parallel worker processes, one thread each.
+
+def build_world(cache_dir: str | Path | None = None, *, force: bool = False, progress: bool = True,
+                prebuilt: bool = True) -> WorldPaths:
+    """Return the world's paths in the cache, installing it first if absent or incomplete.
+
+    It is copied from the package's shipped copy when that one matches the recipe and verifies
+    (``prebuilt``), else built: deterministic for a given recipe (seeded, single-threaded training
+    per model; the shipped copy is such a build), the two warm starts training in parallel worker
+    processes, one thread each. ``force`` rebuilds from scratch.
     """
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -260,8 +283,13 @@ def build_world(cache_dir: str | Path | None = None, *, force: bool = False, pro
         _remove_stale_temps(cache_root, key)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=cache_root))
         tmp.chmod(0o755)  # mkdtemp makes it private; the installed world should be readable like a cache
+        shipped = prebuilt_world() if prebuilt and not force else None
         try:
-            _build_into(tmp, progress)
+            if shipped is not None:
+                log.info("installing the shipped world %s into %s", shipped.name, cache_root)
+                shutil.copytree(shipped, tmp, dirs_exist_ok=True)
+            else:
+                _build_into(tmp, progress)
             _install(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

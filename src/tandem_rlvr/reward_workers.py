@@ -1,0 +1,204 @@
+"""The verifier worker processes behind :class:`tandem_rlvr.rewards.RewardScorer`.
+
+Worker side: a loop that answers ``(job_id, gold, pred, soft_limit)`` with math-verify, its own
+timeouts off, stopped by an interval timer after the soft limit (a ``BaseException`` so that
+math-verify's handlers do not swallow it) and by an address-space cap. Parent side: :class:`Worker`,
+one killable process (a fresh interpreter by default, which imports only this module) with its
+connection, and the bounded-time reaping used at shutdown. The scheduling and the hard limit live
+in the scorer.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing import connection as mp_connection
+from pathlib import Path
+from typing import Any
+
+# -- worker side ---------------------------------------------------------------------------------
+
+
+class _SoftTimeout(BaseException):
+    """Raised by a worker's SIGALRM handler (a BaseException, so math-verify does not swallow it)."""
+
+
+_ALARM = {"fired": False}  # set by the handler: a timeout swallowed by a bare except still counts
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    _ALARM["fired"] = True
+    raise _SoftTimeout()
+
+
+@functools.lru_cache(maxsize=1)
+def _extraction_config() -> tuple:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+
+
+def _parse_boxed(answer: str) -> list:
+    from math_verify import parse
+
+    return parse("\\boxed{" + answer + "}", extraction_config=_extraction_config(), parsing_timeout=None)
+
+
+_parse_gold = functools.lru_cache(maxsize=4096)(_parse_boxed)  # G rollouts share one gold
+
+
+def _verify_pair(gold: str, pred: str) -> bool:
+    """math-verify equivalence of two answer strings (gold first); no timeout of its own."""
+    from math_verify import verify
+
+    gold_parsed = _parse_gold(gold)
+    pred_parsed = _parse_boxed(pred) if gold_parsed else []
+    return bool(pred_parsed) and bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def _run_job(gold: str, pred: str, soft_limit: float) -> tuple[str, float]:
+    """One check inside a worker: (status, score) with status ok / timeout / error."""
+    _ALARM["fired"] = False
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, soft_limit)
+            ok = _verify_pair(gold, pred)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        return ("timeout", 0.0) if _ALARM["fired"] else ("ok", 1.0 if ok else 0.0)
+    except _SoftTimeout:
+        return "timeout", 0.0
+    except Exception:  # noqa: BLE001 - a check never raises; MemoryError, RecursionError included
+        return "error", 0.0
+
+
+def _worker_setup(memory_limit_mb: int | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    signal.signal(signal.SIGALRM, _on_alarm)
+    if memory_limit_mb:
+        try:
+            import resource
+
+            cap = int(memory_limit_mb) * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        except (ImportError, ValueError, OSError):
+            pass
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notices
+    _verify_pair("1", "1")  # import math-verify and its LaTeX parser once, before reporting ready
+
+
+def _worker_main(conn: Any, memory_limit_mb: int | None) -> None:
+    """Worker loop: report ready, then answer (job_id, gold, pred, soft_limit) until None or EOF."""
+    _worker_setup(memory_limit_mb)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        job_id, gold, pred, soft_limit = msg
+        conn.send((job_id, *_run_job(gold, pred, soft_limit)))
+
+
+def subprocess_entry(fd: int, memory_limit_mb: int | None) -> None:
+    """Entry point of a subprocess worker: ``fd`` is its end of a socket pair."""
+    _worker_main(mp_connection.Connection(fd), memory_limit_mb)
+
+
+# -- parent side ---------------------------------------------------------------------------------
+
+
+class Worker:
+    """One killable worker process and its connection."""
+
+    def __init__(self, method: str, memory_limit_mb: int | None) -> None:
+        self.method, self.memory_limit_mb = method, memory_limit_mb
+        self.conn: Any = None
+        self.proc: Any = None
+        self.ready, self.job, self.deadline, self.started_at = False, None, 0.0, 0.0
+
+    def start(self) -> None:
+        """Launch the process; it reports ("ready", pid) once math-verify is imported."""
+        self.ready, self.job, self.started_at = False, None, time.monotonic()
+        if self.method == "subprocess":
+            parent_sock, child = socket.socketpair()
+            parent: Any = mp_connection.Connection(parent_sock.detach())
+        else:
+            parent, child = multiprocessing.get_context(self.method).Pipe(duplex=True)
+        try:
+            self.proc = self._launch(child)
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()  # the child process holds its own copy
+        self.conn = parent
+
+    def _launch(self, child: Any) -> Any:
+        if self.method == "subprocess":
+            src = str(Path(__file__).resolve().parents[1])
+            code = (
+                f"import sys; sys.path.insert(0, {src!r}); from tandem_rlvr.reward_workers import "
+                f"subprocess_entry; subprocess_entry({child.fileno()}, {self.memory_limit_mb!r})"
+            )
+            argv = [sys.executable, "-c", code]
+            return subprocess.Popen(argv, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+        ctx = multiprocessing.get_context(self.method)
+        proc = ctx.Process(target=_worker_main, args=(child, self.memory_limit_mb), daemon=True)
+        proc.start()
+        return proc
+
+    def send(self, msg: Any) -> bool:
+        try:
+            self.conn.send(msg)
+            return True
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def kill(self) -> None:
+        """Kill the process (SIGKILL) and reap it; bounded time, never raises."""
+        conn, proc, self.conn, self.proc, self.ready, self.job = self.conn, self.proc, None, None, False, None
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:
+                pass
+        if proc is not None:
+            try:
+                proc.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            _reap(proc, 2.0)
+
+
+def _reap(proc: Any, timeout: float) -> None:
+    """Wait for a worker process (Popen or multiprocessing.Process) at most ``timeout`` seconds."""
+    try:
+        (proc.wait if isinstance(proc, subprocess.Popen) else proc.join)(timeout=max(0.0, timeout))
+    except Exception:  # noqa: BLE001 - still running, or not ours
+        pass
+
+
+def shutdown_workers(workers: list[Worker], owner_pid: int) -> None:
+    """Ask workers to exit, wait briefly (≤ 1 s in all), then kill the rest. Never hangs."""
+    if os.getpid() != owner_pid:  # an inherited copy after fork: the workers are not ours
+        return
+    for w in workers:
+        if w.conn is not None and w.job is None:
+            w.send(None)
+    end = time.monotonic() + 1.0
+    for w in workers:
+        if w.proc is not None:
+            _reap(w.proc, end - time.monotonic())
+        w.kill()
+
+
