@@ -302,7 +302,7 @@ def _run_mode(job: _Job, mode: str, schedule, *, max_rounds: int | None = None, 
         if job.context is not None:
             budget = max(1, min(budget, job.context - ids.shape[1]))
         sampling, seed = replace(job.sampling, max_new_tokens=budget), _batch_seed(job.seed, tag, b)
-        if job.engine is not None and schedule.name in ("none", "alternate"):
+        if job.engine is not None and job.engine.serves(schedule):
             ro = job.engine.generate(ids, mask, schedule, sampling, seed=seed, max_rounds=max_rounds)
         else:
             ro = generate(job.senior, job.junior, ids, mask, schedule, sampling, eos_token_ids=job.eos,

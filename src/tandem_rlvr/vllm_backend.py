@@ -201,6 +201,11 @@ class VLLMEngine:
             include_stop_str_in_output=True, stop_token_ids=self.eos, skip_special_tokens=True,
         )
 
+    @staticmethod
+    def serves(schedule: Schedule) -> bool:
+        """Whether this backend samples ``schedule`` (solo and step-level ones; see the module doc)."""
+        return schedule.name in VLLM_SCHEDULES
+
     def push_senior(self, model) -> None:
         """Push the trained senior's current weights into the senior engine."""
         push_model(self.senior, model)
