@@ -28,7 +28,7 @@ def _demo(args: argparse.Namespace) -> int:
     from tandem_rlvr.demo import run_demo
 
     run_demo(out_dir=args.out, quick=args.quick, seeds=args.seeds, force_world=args.rebuild_world,
-             restart=args.restart)
+             restart=args.restart, workers=args.workers)
     return 0
 
 
@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="demo_out", help="output directory")
     d.add_argument("--rebuild-world", action="store_true", help="rebuild the cached world models")
     d.add_argument("--restart", action="store_true", help="start over instead of resuming an interrupted demo in --out")
+    d.add_argument("--workers", type=int, default=None,
+                   help="parallel processes, one job (an arm and seed) each (default: one per CPU)")
     d.set_defaults(func=_demo)
 
     c = sub.add_parser("config-help", help="list every training config key with its documentation")

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from tandem_rlvr.config import load_config
+from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_json
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ FULL = DemoPlan()
 QUICK = DemoPlan(seeds=1, steps=6, prompts_per_step=8, group_size=4, eval_problems=16, eval_n=2, curve_ps=(1.0, 0.5))
 
 
-def train_config(arm: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir: str, junior_dir: str | None):
+def train_config(arm: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir: str, junior_dir: str | None,
+                 progress: bool = True):
     """The demo's training config for one arm and seed (the same for every arm but ``algo.arm``)."""
     base = {
         "model": {"senior": senior_dir, **({"junior": junior_dir} if junior_dir else {"self_paired": True})},
@@ -57,7 +59,7 @@ def train_config(arm: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir:
         "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},
         "rollout": {"max_new_tokens": plan.max_new_tokens, "temperature": 0.6, "max_prompt_tokens": 256},
         "train": {"steps": plan.steps, "prompts_per_step": plan.prompts_per_step, "save_every": 0,
-                  "seed": seed, "out_dir": str(out_dir), "progress": True},
+                  "seed": seed, "out_dir": str(out_dir), "progress": progress},
         "data": {"train": "world/train", "reward": "math", "reward_workers": 1},
     }
     for dotted, value in plan.overrides.items():
@@ -75,13 +77,14 @@ def _jargon_metrics(texts: list[str]) -> dict:
     return {"rollout/jargon_rate": jargon_rate(texts)}
 
 
-def _evaluate(senior, junior, tok, examples, plan: DemoPlan, scorer, seed: int, label: str) -> dict:
+def _evaluate(senior, junior, tok, examples, plan: DemoPlan, scorer, seed: int, label: str,
+              progress: bool = True) -> dict:
     from tandem_rlvr.evaluate import eval_sampling, evaluate_pair
     from tandem_rlvr.world.problems import jargon_rate
 
     metrics, chains = evaluate_pair(
         senior, junior, tok, examples, n=plan.eval_n, sampling=eval_sampling(plan.max_new_tokens), seed=seed,
-        scorer=scorer, curve_ps=plan.curve_ps, batch_size=64, labels={"senior": label}, progress=True,
+        scorer=scorer, curve_ps=plan.curve_ps, batch_size=64, labels={"senior": label}, progress=progress,
     )
     solo_texts = [c["text"] for c in chains if c.get("mode") == "solo"]
     metrics["jargon_rate"] = jargon_rate(solo_texts)
@@ -112,20 +115,17 @@ def _previous(out: Path, results: dict, restart: bool) -> dict:
 
 def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: int | None = None,
              force_world: bool = False, junior: str = "weak", plan: DemoPlan | None = None,
-             restart: bool = False) -> dict:
+             restart: bool = False, workers: int | None = None) -> dict:
     """Run the whole demo; returns the results dict also written to ``out_dir/results.json``.
 
-    An interrupted demo resumes: evaluations already in ``out_dir/results.json`` (same plan, world
-    and junior, run not finished) are kept, the rest is trained and evaluated (``restart``: all)."""
-    from tandem_rlvr.data import load_examples
+    The warm start's evaluation and each (arm, seed) run are independent jobs; ``workers`` (default:
+    one per usable CPU, at most one per job) run them in parallel processes of one intra-op thread
+    each, with the same numbers as one process (every job seeds itself). An interrupted demo resumes:
+    evaluations already in ``out_dir/results.json`` (same plan, world and junior) are kept, the rest
+    is trained and evaluated (``restart``: all)."""
     from tandem_rlvr.demo_report import write_report
-    from tandem_rlvr.models import Pair, freeze, load_causal_lm, load_tokenizer
-    from tandem_rlvr.rewards import RewardScorer
-    from tandem_rlvr.trainer import Trainer
     from tandem_rlvr.world.build import build_world
 
-    # The world's models are tiny: one intra-op thread is faster than several and immune to a busy machine.
-    torch.set_num_threads(int(os.environ.get("TANDEM_RLVR_THREADS", "1")))
     plan = plan or (QUICK if quick else FULL)
     if seeds is not None:
         plan = DemoPlan(**{**plan.__dict__, "seeds": seeds})
@@ -133,41 +133,166 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     paths = build_world(force=force_world)
-    t_world = time.perf_counter() - t0
-    tok = load_tokenizer(str(paths.senior_dir))
-    warm = load_causal_lm(str(paths.senior_dir))
     jdir = str(paths.junior_dir) if junior == "weak" else None
-    jmodel = freeze(load_causal_lm(jdir) if jdir else copy.deepcopy(warm))
-    train_ex = load_examples("world/train")
-    test_ex = load_examples("world/test")[: plan.eval_problems]
     results = {"plan": {**plan.__dict__, "curve_ps": list(plan.curve_ps)}, "junior": junior,
-               "world": {"senior": str(paths.senior_dir), "junior": str(paths.junior_dir), "build_s": t_world},
+               "world": {"senior": str(paths.senior_dir), "junior": str(paths.junior_dir),
+                         "build_s": time.perf_counter() - t0},
                "warm_start": {}, "arms": {a: {} for a in ARMS}, "curves": {a: {} for a in ARMS}}
     results = _previous(out, results, restart)
-    with RewardScorer("math", time_limit=2.0, num_workers=1) as scorer:
-        if not results["warm_start"]:
-            results["warm_start"] = _evaluate(warm, jmodel, tok, test_ex, plan, scorer, 0, "warm_start")
-            atomic_write_json(out / "results.json", results)
-        for seed in range(plan.seeds):
-            for arm in ARMS:
-                if str(seed) in results["arms"][arm] and str(seed) in results["curves"][arm]:
-                    continue
-                run_dir = out / "runs" / f"{arm}-seed{seed}"
-                cfg = train_config(arm, seed, run_dir, plan, str(paths.senior_dir), jdir)
-                pair = Pair(copy.deepcopy(warm), jmodel, tok)
-                tr = Trainer(cfg, pair=pair, examples=train_ex, restart=True, text_metrics=_jargon_metrics)
-                tr.train()
-                results["curves"][arm][str(seed)] = _curve_rows(run_dir)
-                senior = tr.acc.unwrap_model(tr.senior).eval()
-                results["arms"][arm][str(seed)] = _evaluate(senior, jmodel, tok, test_ex, plan, scorer, 1000 + seed,
-                                                            f"{arm}-seed{seed}")
-                atomic_write_json(out / "results.json", results)
+    todo = _pending(results, plan)
+    n = _n_workers(workers, len(todo))
+    results["workers"] = n
+    ctx = _Context(str(paths.senior_dir), jdir, plan, str(out.resolve()))
+    runner = _run_parallel if n > 1 else _run_sequential
+    for job, (curve, metrics) in runner(ctx, todo, n):
+        _store(results, job, curve, metrics)
+        atomic_write_json(out / "results.json", results)
     if "total_s" not in results:  # a finished demo that was only re-reported keeps its own time
         results["total_s"] = time.perf_counter() - t0
     atomic_write_json(out / "results.json", results)
     write_report(results, out)
     log.info("demo finished in %.0f s; report: %s", results["total_s"], out / "report.md")
     return results
+
+
+# -- jobs -------------------------------------------------------------------------------------------
+# A job is ``(arm, seed)``; ``(None, 0)`` is the warm start's evaluation.
+
+@dataclass(frozen=True)
+class _Context:
+    senior_dir: str
+    junior_dir: str | None  # None: self-paired (a frozen copy of the warm start)
+    plan: DemoPlan
+    out: str
+
+
+def _pending(results: dict, plan: DemoPlan) -> list[tuple[str | None, int]]:
+    todo = [] if results["warm_start"] else [(None, 0)]
+    for seed in range(plan.seeds):
+        for arm in ARMS:
+            if not (str(seed) in results["arms"][arm] and str(seed) in results["curves"][arm]):
+                todo.append((arm, seed))
+    return todo
+
+
+def _n_workers(workers: int | None, n_jobs: int) -> int:
+    if workers is not None and workers < 1:
+        raise TandemError(f"demo workers must be >= 1, got {workers}")
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(workers, n_jobs))
+
+
+def _store(results: dict, job: tuple, curve: list | None, metrics: dict) -> None:
+    arm, seed = job
+    if arm is None:
+        results["warm_start"] = metrics
+        return
+    for key, value in (("curves", curve), ("arms", metrics)):
+        results[key][arm][str(seed)] = value
+        results[key][arm] = dict(sorted(results[key][arm].items(), key=lambda kv: int(kv[0])))
+
+
+_WORLD: dict = {}  # this process's loaded world, keyed by the context it was loaded for
+
+
+def _world(ctx: _Context) -> dict:
+    if _WORLD.get("ctx") != ctx:
+        from tandem_rlvr.data import load_examples
+        from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
+
+        warm = load_causal_lm(ctx.senior_dir)
+        _WORLD.clear()
+        _WORLD.update(ctx=ctx, tok=load_tokenizer(ctx.senior_dir), warm=warm,
+                      junior=freeze(load_causal_lm(ctx.junior_dir) if ctx.junior_dir else copy.deepcopy(warm)),
+                      train=load_examples("world/train"),
+                      test=load_examples("world/test")[: ctx.plan.eval_problems])
+    return _WORLD
+
+
+def _run_job(ctx: _Context, job: tuple, progress: bool) -> tuple[list | None, dict]:
+    """Train (unless the warm start) and evaluate one job; returns ``(curve rows, eval metrics)``."""
+    from tandem_rlvr.models import Pair
+    from tandem_rlvr.rewards import RewardScorer
+    from tandem_rlvr.trainer import Trainer
+
+    # The world's models are tiny: one intra-op thread is faster than several and immune to a busy machine.
+    torch.set_num_threads(int(os.environ.get("TANDEM_RLVR_THREADS", "1")))
+    w, plan, (arm, seed) = _world(ctx), ctx.plan, job
+    with RewardScorer("math", time_limit=2.0, num_workers=1) as scorer:
+        if arm is None:
+            return None, _evaluate(w["warm"], w["junior"], w["tok"], w["test"], plan, scorer, 0, "warm_start", progress)
+        run_dir = Path(ctx.out) / "runs" / f"{arm}-seed{seed}"
+        cfg = train_config(arm, seed, run_dir, plan, ctx.senior_dir, ctx.junior_dir, progress=progress)
+        tr = Trainer(cfg, pair=Pair(copy.deepcopy(w["warm"]), w["junior"], w["tok"]), examples=w["train"],
+                     restart=True, text_metrics=_jargon_metrics)
+        tr.train()
+        senior = tr.acc.unwrap_model(tr.senior).eval()
+        metrics = _evaluate(senior, w["junior"], w["tok"], w["test"], plan, scorer, 1000 + seed,
+                            f"{arm}-seed{seed}", progress)
+        return _curve_rows(run_dir), metrics
+
+
+def _run_sequential(ctx: _Context, todo: list, n: int):
+    for job in todo:
+        yield job, _run_job(ctx, job, progress=True)
+
+
+def _worker_job(ctx: _Context, job: tuple) -> tuple[list | None, dict]:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return _run_job(ctx, job, progress=False)
+
+
+def _run_parallel(ctx: _Context, todo: list, n: int):
+    """Run the jobs in ``n`` spawned processes; one progress bar (with ETA) over the whole demo, in
+    training steps, counted from the runs' ``metrics.jsonl``; an evaluation counts as ``_eval_units``."""
+    import multiprocessing as mp
+    import shutil
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from tqdm.auto import tqdm
+
+    plan, out = ctx.plan, Path(ctx.out)
+    for arm, seed in todo:  # a killed run's leftovers would count as progress before its job restarts it
+        if arm is not None:
+            shutil.rmtree(out / "runs" / f"{arm}-seed{seed}", ignore_errors=True)
+    unit = _eval_units(plan)
+    total = sum(unit + (plan.steps if arm else 0) for arm, _ in todo)
+    bar = tqdm(total=total, desc=f"demo ({len(todo)} jobs, {n} processes)", unit="step", dynamic_ncols=True)
+    log.info("running %d demo jobs in %d processes", len(todo), n)
+    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+        running = {pool.submit(_worker_job, ctx, job): job for job in todo}
+        finished = 0
+        try:
+            while running:
+                done, _ = wait(running, timeout=2.0, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    job = running.pop(fut)
+                    result = fut.result()
+                    finished += unit + (plan.steps if job[0] else 0)
+                    yield job, result
+                steps = sum(_steps_logged(out, job) for job in running.values())
+                bar.update(max(0, min(total, finished + steps) - bar.n))
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            bar.close()
+
+
+def _eval_units(plan: DemoPlan) -> int:
+    """An evaluation's cost in training steps, for the ETA only: about three chains (solo, handoff,
+    curve) per evaluated sample, against one chain per training sample."""
+    return max(1, round(3 * plan.eval_problems * plan.eval_n / (plan.prompts_per_step * plan.group_size)))
+
+
+def _steps_logged(out: Path, job: tuple) -> int:
+    arm, seed = job
+    path = out / "runs" / f"{arm}-seed{seed}" / "metrics.jsonl"
+    if arm is None or not path.is_file():
+        return 0
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
 
 
 def _curve_rows(run_dir: Path) -> list[dict]:
