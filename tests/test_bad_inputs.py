@@ -104,6 +104,9 @@ OK = ["model.senior=s", "model.junior=j", "train.prompts_per_step=4", "algo.grou
         (["data.reward=nope"], r"'data\.reward' must be math, gsm8k, boxed_exact or package\.module:function"),
         (["val.every=5"], r"'val\.data' is required when val\.every > 0"),
         (["algo.lr"], r"override 'algo\.lr' is not of the form dotted\.key=value"),
+        (["train.fsdp=zero3"], r"'train\.fsdp' must be off, full or zero2, got 'zero3'"),
+        (["train.fsdp=full", "model.lora_r=8"], r"'train\.fsdp' works with rollout\.engine=hf, full fine-tuning"),
+        (["train.fsdp=zero2", "handoff.schedule=step", "rollout.engine=vllm"], r"'train\.fsdp' works with rollout\.engine=hf"),
     ],
 )
 def test_config_errors_name_the_key(overrides, match):

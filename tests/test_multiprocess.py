@@ -35,34 +35,57 @@ def _launch(cfg, n_proc):
     assert res.returncode == 0, res.stderr[-3000:]
 
 
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-def test_two_processes_equal_one(tmp_path, model_dirs):
-    runs = {}
-    for n in (1, 2):
-        d = tmp_path / f"p{n}"
-        d.mkdir()
-        cfg = write_config(d, model_dirs, data={"reward": "rewards_for_tests:length_reward"},
-                           steps=2, save_every=0)
-        import yaml
+def _run(tmp_path, model_dirs, name, n_proc, **train):
+    import yaml
 
-        c = yaml.safe_load(cfg.read_text())
-        c["algo"]["loss_type"] = "dapo"
-        c["rollout"]["batch_size"] = 4  # one generation chunk per process and mini-batch in both runs
-        cfg.write_text(yaml.safe_dump(c))
-        _launch(cfg, n)
-        runs[n] = d / "run"
-    rows = {n: [json.loads(x) for x in (runs[n] / "metrics.jsonl").read_text().splitlines()] for n in runs}
-    assert [r["dist/num_processes"] for r in rows[2]] == [2, 2]
-    assert len(rows[1]) == len(rows[2]) == 2
-    for a, b in zip(rows[1], rows[2]):
+    d = tmp_path / name
+    d.mkdir()
+    cfg = write_config(d, model_dirs, data={"reward": "rewards_for_tests:length_reward"}, steps=2, save_every=0, **train)
+    c = yaml.safe_load(cfg.read_text())
+    c["algo"]["loss_type"] = "dapo"
+    c["algo"]["micro_batch"] = 4  # two micro-batches per mini-batch on one process: gradient accumulation
+    c["rollout"]["batch_size"] = 4  # one generation chunk per process and mini-batch in both runs
+    cfg.write_text(yaml.safe_dump(c))
+    _launch(cfg, n_proc)
+    return d / "run"
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_same_run(one: Path, other: Path, n_proc: int, weight_tol: float = 1e-6) -> None:
+    rows = {1: _rows(one), n_proc: _rows(other)}
+    assert [r["dist/num_processes"] for r in rows[n_proc]] == [n_proc] * 2
+    assert len(rows[1]) == len(rows[n_proc]) == 2
+    for a, b in zip(rows[1], rows[n_proc]):
         for k, v in a.items():
             if k.startswith(("time/", "dist/")) or "seconds" in k:
                 continue
             assert b[k] == pytest.approx(v, abs=1e-3 if k in APPROX else 1e-6), k
-    wa = load_file(str(runs[1] / "final" / "model.safetensors"))
-    wb = load_file(str(runs[2] / "final" / "model.safetensors"))
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
+    wa = load_file(str(one / "final" / "model.safetensors"))
+    wb = load_file(str(other / "final" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < weight_tol
     assert any(r["train/grad_norm"] > 0 for r in rows[1])
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory, model_dirs):
+    return _run(tmp_path_factory.mktemp("p1"), model_dirs, "p1", 1)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_two_processes_equal_one(tmp_path, model_dirs, one_process_run):
+    _assert_same_run(one_process_run, _run(tmp_path, model_dirs, "p2", 2), 2)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+@pytest.mark.parametrize("mode", ["full", "zero2"])
+def test_fsdp_sharded_senior_equals_one_process(tmp_path, model_dirs, one_process_run, mode):
+    """FSDP2 over 2 gloo processes: same metrics and final weights as 1 unsharded process; the rollouts
+    run on gathered weights, so each process may stop decoding at its own step."""
+    _assert_same_run(one_process_run, _run(tmp_path, model_dirs, f"fsdp-{mode}", 2, fsdp=mode), 2)
 
 
 def test_sharded_launchers_are_refused_with_a_clear_message():
@@ -76,3 +99,44 @@ def test_sharded_launchers_are_refused_with_a_clear_message():
     for bad in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         with pytest.raises(TandemError, match=f"{bad.value} is not supported.*ddp.yaml"):
             check_supported(bad)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_fsdp_run_resumes_from_its_gathered_checkpoint_and_validates(tmp_path, model_dirs):
+    """A sharded run's checkpoints (full weights and optimizer state gathered to the main process) bring
+    a resumed run to the same end as an uninterrupted one; validation runs on gathered weights and
+    writes best/."""
+    import yaml
+
+    runs = {}
+    for name, steps in (("straight", [3]), ("resumed", [2, 3])):
+        d = tmp_path / name
+        d.mkdir()
+        cfg = write_config(d, model_dirs, data={"reward": "rewards_for_tests:length_reward"}, save_every=1, fsdp="full")
+        c = yaml.safe_load(cfg.read_text())
+        c["val"] = {"data": c["data"]["train"], "every": 2, "n": 1, "limit": 4}
+        for s in steps:  # the second launch of "resumed" continues from its step-2 checkpoint
+            c["train"]["steps"] = s
+            cfg.write_text(yaml.safe_dump(c))
+            _launch(cfg, 2)
+        runs[name] = d / "run"
+    a, b = _rows(runs["straight"]), _rows(runs["resumed"])
+    assert [r["step"] for r in b] == [1, 2, 3] and "val/pass@1" in b[1]
+    for k, v in a[-1].items():
+        if not (k.startswith(("time/", "dist/")) or "seconds" in k):
+            assert b[-1][k] == pytest.approx(v, abs=1e-6), k
+    wa = load_file(str(runs["straight"] / "final" / "model.safetensors"))
+    wb = load_file(str(runs["resumed"] / "final" / "model.safetensors"))
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
+    assert (runs["resumed"] / "best" / "model.safetensors").exists()
+    assert (runs["resumed"] / "checkpoints" / "step-3" / "train_state.pt").exists()
+
+
+def test_fsdp_on_one_process_is_refused(tmp_path, model_dirs):
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.errors import TandemError
+    from tandem_rlvr.trainer import Trainer
+
+    cfg = load_config(write_config(tmp_path, model_dirs, fsdp="full"))
+    with pytest.raises(TandemError, match="train.fsdp=full shards the senior over processes, but this is one process"):
+        Trainer(cfg)

@@ -49,6 +49,7 @@ def test_paper_training_config_holds_the_method_values(name):
     assert (d.train, d.train_split, d.reward) == ("deepscaler", "train", "math")
     assert (cfg.val.data, cfg.val.split) == ("deepscaler", "val") and cfg.val.every > 0
     assert t.out_dir == f"runs/paper/{name}"
+    assert t.fsdp == "full"  # a 4B full fine-tune in fp32 fits two 80 GB GPUs only sharded (docs/scale_out.md)
     if name == "trlvr":
         h = cfg.handoff
         assert (h.schedule, h.p, h.max_gap) == ("word", 0.5, 32)
@@ -98,8 +99,7 @@ def test_paper_benchmarks_and_training_data_are_known_names():
     assert "val" in BENCHMARKS["deepscaler"].splits and BENCHMARKS["deepscaler"].holdout == 1000
 
 
-ACCELERATE = {"ddp": ("MULTI_GPU", 1), "ddp_2nodes": ("MULTI_GPU", 2), "fsdp": ("FSDP", 1),
-              "deepspeed_zero2": ("DEEPSPEED", 1)}
+ACCELERATE = {"ddp": ("MULTI_GPU", 1), "ddp_2nodes": ("MULTI_GPU", 2)}
 
 
 @pytest.mark.parametrize("name", ACCELERATE)
@@ -111,11 +111,5 @@ def test_accelerate_configs_load(name):
     kind, machines = ACCELERATE[name]
     assert cfg.distributed_type.value == kind and cfg.num_machines == machines
     assert cfg.num_processes >= 2 * machines
-    if name == "fsdp":
-        assert cfg.fsdp_config["fsdp_version"] == 2
-        assert cfg.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
-    if name == "deepspeed_zero2":
-        assert cfg.deepspeed_config["zero_stage"] == 2
-        assert cfg.deepspeed_config["gradient_clipping"] == _load("trlvr").algo.max_grad_norm
     for paper in TRAIN:  # each process must own whole prompt groups of every mini-batch
         assert _load(paper).algo.mini_batch_prompts % cfg.num_processes == 0

@@ -45,31 +45,34 @@ def set_rng_state(plain: dict, tensors: dict) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def save_model(model, tokenizer, out_dir: str | Path) -> Path:
-    """Save ``model`` (merged if it is a peft model) and ``tokenizer`` atomically as safetensors."""
+def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = None) -> Path:
+    """Save ``model`` (merged if it is a peft model) and ``tokenizer`` atomically as safetensors;
+    ``state_dict``: the weights to write instead of the model's own (a sharded model's full state)."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".tmp-{out_dir.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    _save_weights(model, tmp)
+    _save_weights(model, tmp, state_dict)
     tokenizer.save_pretrained(str(tmp))
     (tmp / MARKER).write_text("ok\n")
     publish_dir(tmp, out_dir)
     return out_dir
 
 
-def _save_weights(model, path: Path) -> None:
+def _save_weights(model, path: Path, state_dict: dict | None = None) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     try:
-        _save_weights_inner(model, path)
+        _save_weights_inner(model, path, state_dict)
     finally:
         hf_logging.enable_progress_bar()
 
 
-def _save_weights_inner(model, path: Path) -> None:
-    if hasattr(model, "peft_config"):
+def _save_weights_inner(model, path: Path, state_dict: dict | None) -> None:
+    if state_dict is not None:
+        model.save_pretrained(str(path), safe_serialization=True, state_dict=state_dict)
+    elif hasattr(model, "peft_config"):
         model.save_pretrained(str(path / "adapter"), safe_serialization=True)
         import copy
 
@@ -80,20 +83,25 @@ def _save_weights_inner(model, path: Path) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimizer, scheduler,
-                    trainer_state: dict, keep_last: int = 3) -> Path:
-    """Write ``checkpoints/step-{step}`` atomically and prune all but the newest ``keep_last``."""
+                    trainer_state: dict, keep_last: int = 3, model_state: dict | None = None,
+                    optim_state: dict | None = None) -> Path:
+    """Write ``checkpoints/step-{step}`` atomically and prune all but the newest ``keep_last``.
+
+    ``model_state`` / ``optim_state``: full states to write instead of the model's and optimizer's
+    own (those of a sharded senior, gathered by :mod:`tandem_rlvr.fsdp`)."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step-{step}"
     tmp = ckpt_root / f".tmp-step-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    _save_weights(model, tmp)
+    _save_weights(model, tmp, model_state)
     if hasattr(model, "peft_config"):
         torch.save({k: v for k, v in model.state_dict().items() if "lora_" in k}, tmp / "lora_state.pt")
     tokenizer.save_pretrained(str(tmp))
     plain_rng, tensor_rng = rng_state()
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": tensor_rng},
+    optim = optim_state if optim_state is not None else optimizer.state_dict()
+    torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": tensor_rng},
                tmp / "train_state.pt")
     atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state, "rng": plain_rng})
     (tmp / MARKER).write_text("ok\n")
@@ -128,24 +136,38 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler) -> dict:
-    """Restore weights, optimiser, scheduler and RNG states in place; returns the trainer state."""
+def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bool | None = None) -> dict:
+    """Restore weights, optimiser, scheduler and RNG states in place; returns the trainer state.
+
+    ``sharded_main`` (a senior sharded by :mod:`tandem_rlvr.fsdp`): whether this is the main process,
+    which reads the full states and broadcasts them into every process's shards."""
     from safetensors.torch import load_file
 
+    ts = torch.load(ckpt / "train_state.pt", weights_only=True)
     if hasattr(model, "peft_config"):
         lora = torch.load(ckpt / "lora_state.pt", weights_only=True)
         missing = model.load_state_dict(lora, strict=False)
         del missing
     else:
         state = {}
-        for f in sorted(ckpt.glob("*.safetensors")):
-            state.update(load_file(str(f)))
-        result = model.load_state_dict(state, strict=False)
+        if sharded_main is None or sharded_main:
+            for f in sorted(ckpt.glob("*.safetensors")):
+                state.update(load_file(str(f)))
+        if sharded_main is None:
+            result = model.load_state_dict(state, strict=False)
+        else:
+            from tandem_rlvr import fsdp
+
+            result = fsdp.load_model_state(model, state, main=sharded_main)
         bad = [k for k in result.missing_keys if not _is_tied(model, k)]
         if bad or result.unexpected_keys:
             raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {bad[:5]}, unexpected {result.unexpected_keys[:5]}")
-    ts = torch.load(ckpt / "train_state.pt", weights_only=True)
-    optimizer.load_state_dict(ts["optimizer"])
+    if sharded_main is None:
+        optimizer.load_state_dict(ts["optimizer"])
+    else:
+        from tandem_rlvr import fsdp
+
+        fsdp.load_optim_state(model, optimizer, ts["optimizer"], main=sharded_main)
     scheduler.load_state_dict(ts["scheduler"])
     state = json.loads((ckpt / "trainer_state.json").read_text())
     set_rng_state(state.pop("rng"), ts["rng"])

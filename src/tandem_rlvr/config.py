@@ -93,6 +93,7 @@ class TrainConfig:
     max_nonfinite: int = _f(3, "Stop (with a checkpoint) after this many non-finite updates in a row.")
     trackers: list = _f([], "Extra accelerate trackers, e.g. [tensorboard] or [wandb].")
     progress: bool = _f(True, "Show a progress bar.")
+    fsdp: str = _f("off", "Shard the senior over the processes with FSDP2: off (DDP, a full copy each), full (parameters, gradients, AdamW states sharded; like ZeRO-3) or zero2 (gradients and AdamW states; like ZeRO-2). Needs a multi-process launch.")
 
 
 @dataclass
@@ -273,6 +274,10 @@ def validate(cfg: Config) -> None:
         (r.engine != "vllm" or not cfg.model.bridge, "rollout.engine", "vllm does not run the text bridge (model.bridge); use rollout.engine=hf"),
         (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
+        (t.fsdp in ("off", "full", "zero2"), "train.fsdp", f"must be off, full or zero2, got {t.fsdp!r}"),
+        (t.fsdp == "off" or (r.engine == "hf" and not cfg.model.lora_r and not cfg.model.bridge), "train.fsdp",
+         "works with rollout.engine=hf, full fine-tuning and one vocabulary (no model.lora_r, no model.bridge); "
+         "LoRA seniors are small enough for DDP"),
         (t.save_every >= 0 and t.keep_last >= 1, "train.save_every", "save_every must be >= 0 and keep_last >= 1"),
         (t.max_nonfinite >= 1, "train.max_nonfinite", f"must be >= 1, got {t.max_nonfinite}"),
         (0 < cfg.data.reward_timeout_s < math.inf and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),

@@ -17,18 +17,18 @@ UNSUPPORTED = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")  # every DDP-style typ
 def check_supported(distributed_type) -> None:
     """Refuse launchers the trainer does not support yet (instead of hanging or training wrongly).
 
-    FSDP gathers sharded weights inside every forward, so all processes must run the same number of
-    forwards, which the rollout engine (it stops when *its* rows are done) does not guarantee; DeepSpeed
-    steps its optimizer inside ``backward`` and clips by its own setting. See docs/scale_out.md.
+    The trainer shards the senior itself (``train.fsdp``, FSDP2's ``fully_shard``; see
+    :mod:`tandem_rlvr.fsdp`) under a plain multi-process launch. accelerate's own FSDP wrapping would
+    shard every forward of the rollout loop, and DeepSpeed steps its optimizer inside ``backward``.
     """
     name = str(getattr(distributed_type, "value", distributed_type)).upper()
     if name in UNSUPPORTED:
         from tandem_rlvr.errors import TandemError
 
-        raise TandemError(f"accelerate distributed type {name} is not supported by the trainer yet (FSDP and "
-                          "DeepSpeed need rollouts with the same number of forwards on every process; see "
-                          "docs/scale_out.md): launch with configs/accelerate/ddp.yaml, with LoRA (model.lora_r) "
-                          "if the model does not fit")
+        raise TandemError(f"accelerate distributed type {name} is not supported: the trainer shards the senior "
+                          "itself. Launch with configs/accelerate/ddp.yaml and set train.fsdp=full (parameters, "
+                          "gradients and optimizer states sharded, like ZeRO-3) or train.fsdp=zero2 (gradients and "
+                          "optimizer states sharded, like ZeRO-2); see docs/scale_out.md")
 
 
 def reduce_scalar(acc, value: float, op: str) -> float:
@@ -41,10 +41,23 @@ def reduce_scalar(acc, value: float, op: str) -> float:
 
 
 def no_sync_unless_last(acc, model, is_last: bool):
-    """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulation."""
+    """Skip the gradient all-reduce (DDP) or reduce-scatter (FSDP2) on all but the last micro-batch."""
+    from tandem_rlvr import fsdp
+
+    if fsdp.is_sharded(model):
+        return _fsdp_sync(model, is_last)
     if not is_last and acc.num_processes > 1:
         return acc.no_sync(model)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_sync(model, enabled: bool):
+    model.set_requires_gradient_sync(enabled)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def reduce_row(acc, row: dict) -> dict:

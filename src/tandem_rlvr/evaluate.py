@@ -454,7 +454,7 @@ def _val_examples(cfg) -> list:
     return _VAL_CACHE[key]
 
 
-def validate(senior, tokenizer, cfg, step: int) -> dict:
+def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = None) -> dict:
     """Solo validation during training (the senior alone, eval decoding): ``val/pass@k`` and friends.
 
     The seed is ``train.seed`` at every step, so successive checkpoints are compared on the same
@@ -464,11 +464,17 @@ def validate(senior, tokenizer, cfg, step: int) -> dict:
     sampling = eval_sampling(cfg.val.max_new_tokens or cfg.rollout.max_new_tokens)
     was_training = bool(getattr(senior, "training", False))
     senior.eval()
+    from tandem_rlvr.rewards import import_reward
+
+    reward_fn = reward_fn or import_reward(cfg.data.reward)  # a user's function runs in-process, as in training
+    run = dict(n=cfg.val.n, sampling=sampling, seed=cfg.train.seed, batch_size=cfg.rollout.batch_size or 64,
+               context=None, max_prompt_tokens=cfg.rollout.max_prompt_tokens)
     try:
-        with open_scorer(cfg.data.reward, cfg.data.reward_timeout_s, cfg.data.reward_workers) as scorer:
-            m, _ = solo_eval(senior, tokenizer, examples, n=cfg.val.n, sampling=sampling, seed=cfg.train.seed,
-                             scorer=scorer, batch_size=cfg.rollout.batch_size or 64, context=None,
-                             max_prompt_tokens=cfg.rollout.max_prompt_tokens)
+        if reward_fn is not None:
+            m, _ = solo_eval(senior, tokenizer, examples, reward_fn=reward_fn, **run)
+        else:
+            with open_scorer(cfg.data.reward, cfg.data.reward_timeout_s, cfg.data.reward_workers) as scorer:
+                m, _ = solo_eval(senior, tokenizer, examples, scorer=scorer, **run)
     finally:
         if was_training:
             senior.train()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from tandem_rlvr import checkpoint as ckpt_mod
-from tandem_rlvr import core, dist, rundir
+from tandem_rlvr import core, dist, fsdp, rundir
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.handoff import make_schedule
@@ -122,6 +122,10 @@ class Trainer:
         self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
                                cpu=not torch.cuda.is_available())
         dist.check_supported(self.acc.distributed_type)
+        if cfg.train.fsdp != "off" and self.acc.num_processes < 2:
+            raise TandemError(f"train.fsdp={cfg.train.fsdp} shards the senior over processes, but this is one process: "
+                              "launch with accelerate launch --config_file configs/accelerate/ddp.yaml (or torchrun), "
+                              "or set train.fsdp=off")
         self._prepare_run_dir_once(restart)
         if cfg.algo.mini_batch_prompts % self.acc.num_processes:
             raise TandemError(f"algo.mini_batch_prompts={cfg.algo.mini_batch_prompts} must be divisible by the "
@@ -138,11 +142,17 @@ class Trainer:
         self.schedule = make_schedule(self.plan.schedule, self.tok, p=cfg.handoff.p, max_gap=cfg.handoff.max_gap,
                                       chunk_size=cfg.handoff.chunk_size,
                                       vocab_size=self.pair.senior.get_output_embeddings().weight.shape[0])
+        self.sharded = cfg.train.fsdp != "off"
+        if self.sharded:  # FSDP2 by hand (see tandem_rlvr.fsdp); the optimizer then sees the shards
+            self.pair.senior = fsdp.shard(self.pair.senior.to(self.acc.device), cfg.train.fsdp)
         params = [p for p in self.pair.senior.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
         warm = max(cfg.algo.warmup_steps, 0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-        self.senior, self.opt = self.acc.prepare(self.pair.senior, self.opt)
+        if self.sharded:
+            self.senior = self.pair.senior
+        else:
+            self.senior, self.opt = self.acc.prepare(self.pair.senior, self.opt)
         self.junior = self.pair.junior
         if hasattr(self.junior, "to"):
             self.junior.to(self.acc.device)
@@ -179,7 +189,8 @@ class Trainer:
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
             return
         state = ckpt_mod.load_checkpoint(self.resume_from, model=self.acc.unwrap_model(self.senior),
-                                         optimizer=self.opt, scheduler=self.sched)
+                                         optimizer=self.opt, scheduler=self.sched,
+                                         sharded_main=self.acc.is_main_process if self.sharded else None)
         self.step = int(state["step"])
         self.nonfinite_run = int(state.get("nonfinite_run", 0))
         self.best = state.get("best", self.best)
@@ -224,6 +235,11 @@ class Trainer:
         sampling = Sampling(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
         senior = self.acc.unwrap_model(self.senior)
         senior.eval()
+        with fsdp.gathered(senior):
+            return self._rollout_chunks(senior, local, chunk_prompts, sampling, step)
+
+    def _rollout_chunks(self, senior, local, chunk_prompts: int, sampling: Sampling, step: int):
+        cfg, G = self.cfg, self.cfg.algo.group_size
         parts, idx = [], []
         for c in range(0, len(local), chunk_prompts):
             chunk = local[c:c + chunk_prompts]
@@ -321,19 +337,22 @@ class Trainer:
                 ref_logps_BT=junior_lp[r] if plan.kl_beta > 0 else None,
                 num_tokens=n_tok, max_len=max_len, allow_empty=True,
             )
-            # DDP averages gradients over processes: token-mean losses use the global token count, so
-            # they are scaled by the process count; per-sequence means by this chunk's share of rows.
-            weight = float(n_proc) if token_mean else len(r) / len(rows)
+            # A chunk's share of this process's mini-batch loss: token-mean losses already divide by the
+            # global token count; per-sequence means are weighted by the chunk's share of rows. DDP and
+            # FSDP average gradients over processes, so token-mean losses are scaled by the process count.
+            share = 1.0 if token_mean else len(r) / len(rows)
             with dist.no_sync_unless_last(self.acc, self.senior, i == len(chunks) - 1):
-                self.acc.backward(loss * weight)
+                self.acc.backward(loss * (float(n_proc) if token_mean else share))
             met = {k: _num(v) for k, v in met.items()}
-            if token_mean and "train/pg_loss" in met:  # a process's share of the global token mean
-                met["train/pg_loss"] *= n_proc
-            parts.append(met | {"train/loss": _num(loss) * weight / (n_proc if token_mean else 1)})
+            parts.append(met | {"train/loss": _num(loss) * share, "train/pg_loss": met["train/pg_loss"] * share})
         grad_norm = self._clip_and_step()
-        keys = set().union(*parts) - {"train/loss"}
-        out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in keys}
-        out["train/loss"] = dist.reduce_scalar(self.acc, sum(p["train/loss"] for p in parts), "mean") * (n_proc if token_mean else 1)
+        summed = {"train/loss", "train/pg_loss", "train/num_tokens"}  # add up over the chunks
+        out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in set().union(*parts) - summed}
+        out.update({k: float(sum(p.get(k, 0.0) for p in parts)) for k in summed})
+        # token-mean shares add up over processes, per-sequence means average (pg_loss: in reduce_row)
+        scale = n_proc if token_mean else 1
+        out["train/loss"] = dist.reduce_scalar(self.acc, out["train/loss"], "mean") * scale
+        out["train/pg_loss"] *= scale
         out["train/grad_norm"] = grad_norm
         return out
 
@@ -452,31 +471,42 @@ class Trainer:
         from tandem_rlvr.evaluate import validate as run_val
 
         cfg = self.cfg
-        metrics = run_val(self.acc.unwrap_model(self.senior), self.tok, cfg, step=self.step)
+        senior = self.acc.unwrap_model(self.senior)
+        with fsdp.gathered(senior):
+            metrics = run_val(senior, self.tok, cfg, step=self.step, reward_fn=self.reward_fn)
         key = "val/pass@1"
         if key in metrics and (self.best["val"] is None or metrics[key] > self.best["val"]):
             self.best = {"val": metrics[key], "step": self.step}
-            if self.acc.is_main_process:
-                ckpt_mod.save_model(self.acc.unwrap_model(self.senior), self.tok, self.run_dir / "best")
+            self._save_model(self.run_dir / "best")
         return metrics
 
+    def _save_model(self, out_dir: Path) -> None:
+        """The senior as a plain HF directory, written by the main process (gathered by all if sharded)."""
+        senior = self.acc.unwrap_model(self.senior)
+        state = fsdp.full_model_state(senior) if self.sharded else None
+        if self.acc.is_main_process:
+            ckpt_mod.save_model(senior, self.tok, out_dir, state_dict=state)
+
     def save(self) -> Path | None:
-        """Checkpoint the current step (main process only)."""
+        """Checkpoint the current step (written by the main process; a sharded senior is gathered by all)."""
+        senior = self.acc.unwrap_model(self.senior)
+        states = {}
+        if self.sharded:
+            states = {"model_state": fsdp.full_model_state(senior), "optim_state": fsdp.full_optim_state(senior, self.opt)}
         if not self.acc.is_main_process:
             return None
         return ckpt_mod.save_checkpoint(
-            self.run_dir, self.step, model=self.acc.unwrap_model(self.senior), tokenizer=self.tok,
+            self.run_dir, self.step, model=senior, tokenizer=self.tok,
             optimizer=self.opt, scheduler=self.sched, keep_last=self.cfg.train.keep_last,
-            trainer_state={"nonfinite_run": self.nonfinite_run, "best": self.best, "arm": self.cfg.algo.arm},
+            trainer_state={"nonfinite_run": self.nonfinite_run, "best": self.best, "arm": self.cfg.algo.arm}, **states,
         )
 
     def _finish(self) -> Path:
         self.acc.wait_for_everyone()
         final = self.run_dir / "final"
-        if self.acc.is_main_process:
-            if self.cfg.train.save_every:
-                self.save()
-            ckpt_mod.save_model(self.acc.unwrap_model(self.senior), self.tok, final)
+        if self.cfg.train.save_every:
+            self.save()
+        self._save_model(final)
         if self.cfg.train.trackers:
             self.acc.end_training()
         return final
