@@ -31,17 +31,27 @@ import torch
 MODES = ("off", "full", "zero2")
 
 
-def shard(model, mode: str):
-    """Apply ``fully_shard`` to every decoder layer and then to the whole model (in place); returns it."""
-    from torch.distributed.fsdp import fully_shard
+def shard(model, mode: str, mixed_precision: str = "no"):
+    """Apply ``fully_shard`` to every decoder layer and then to the whole model (in place); returns it.
+
+    ``mixed_precision`` (accelerate's setting, ``no`` / ``bf16`` / ``fp16``): with a half type the
+    weights are gathered and computed in it, gradients reduced in float32 and outputs returned in
+    float32 (FSDP2's counterpart of the bf16 autocast accelerate gives an unsharded senior)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if mode not in MODES or mode == "off":
         raise ValueError(f"fsdp mode must be full or zero2, got {mode!r}")
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(mixed_precision))
+    if half is None and str(mixed_precision) not in ("no", "None", "fp32"):
+        raise ValueError(f"train.fsdp supports mixed precision no, bf16 or fp16, got {mixed_precision!r}")
+    layer_mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32 if half else None)
+    root_mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32 if half else None,
+                                   output_dtype=torch.float32 if half else None)
     layers = _decoder_layers(model)
     reshard = mode == "full"
     for layer in layers:
-        fully_shard(layer, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+        fully_shard(layer, reshard_after_forward=reshard, mp_policy=layer_mp)
+    fully_shard(model, reshard_after_forward=reshard, mp_policy=root_mp)
     model.tandem_fsdp_reshard = reshard  # what gathered() restores
     return model
 

@@ -144,7 +144,8 @@ class Trainer:
                                       vocab_size=self.pair.senior.get_output_embeddings().weight.shape[0])
         self.sharded = cfg.train.fsdp != "off"
         if self.sharded:  # FSDP2 by hand (see tandem_rlvr.fsdp); the optimizer then sees the shards
-            self.pair.senior = fsdp.shard(self.pair.senior.to(self.acc.device), cfg.train.fsdp)
+            self.pair.senior = fsdp.shard(self.pair.senior.to(self.acc.device), cfg.train.fsdp,
+                                          mixed_precision=str(self.acc.mixed_precision))
         params = [p for p in self.pair.senior.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
         warm = max(cfg.algo.warmup_steps, 0)
@@ -474,6 +475,10 @@ class Trainer:
         senior = self.acc.unwrap_model(self.senior)
         with fsdp.gathered(senior):
             metrics = run_val(senior, self.tok, cfg, step=self.step, reward_fn=self.reward_fn)
+        if self.acc.num_processes > 1:  # every process takes the main one's verdict (saving best/ is collective)
+            from accelerate.utils import broadcast_object_list
+
+            metrics = broadcast_object_list([metrics])[0]
         key = "val/pass@1"
         if key in metrics and (self.best["val"] is None or metrics[key] > self.best["val"]):
             self.best = {"val": metrics[key], "step": self.step}
