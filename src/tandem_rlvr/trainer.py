@@ -12,7 +12,6 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,82 +24,10 @@ from tandem_rlvr.errors import TandemError
 from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.io import append_jsonl
 from tandem_rlvr.rewards import import_reward
+from tandem_rlvr.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask, sequence_logps  # noqa: F401 (API)
 from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts, generate
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ArmPlan:
-    """What distinguishes the arms: rollout schedule, which tokens are trained, KL weight."""
-
-    schedule: str
-    mask_owner: bool
-    kl_beta: float
-
-
-def arm_plan(cfg: Config) -> ArmPlan:
-    """trlvr: tandem rollouts, senior tokens only; grpo: solo, all tokens; kl_reg: solo + β·KL."""
-    a = cfg.algo
-    if a.arm == "trlvr":
-        return ArmPlan(cfg.handoff.schedule, True, 0.0)
-    if a.arm == "grpo":
-        return ArmPlan("none", False, 0.0)
-    if a.arm == "kl_reg":
-        return ArmPlan("none", False, a.kl_beta)
-    raise ValueError(f"unknown arm {a.arm!r}")
-
-
-def loss_mask(rollout: Rollout, plan: ArmPlan) -> torch.Tensor:
-    """``response_mask * owner`` for tandem arms, ``response_mask`` otherwise; fails closed."""
-    mask = rollout.response_mask_BT.float()
-    if not plan.mask_owner:
-        return mask
-    if rollout.owner_BT is None:
-        raise TandemError("the trlvr arm needs ownership records, but the rollout has none")
-    if rollout.owner_BT.shape != mask.shape:
-        raise TandemError(f"ownership mask shape {tuple(rollout.owner_BT.shape)} != response shape {tuple(mask.shape)}")
-    masked = mask * rollout.owner_BT.float()
-    if masked.sum() == 0:
-        raise TandemError("the ownership mask selects no senior token in this step; refusing to train")
-    return masked
-
-
-def check_senior_frac(frac: float, cfg: Config) -> None:
-    """Stop when a tandem step's senior token share leaves the configured band."""
-    lo, hi = cfg.senior_band()
-    if not lo <= frac <= hi:
-        raise TandemError(
-            f"senior token fraction {frac:.3f} is outside algo.senior_frac_band [{lo:.2f}, {hi:.2f}] "
-            f"(handoff.schedule={cfg.handoff.schedule}, p={cfg.handoff.p}); the handoff is not doing what the config says"
-        )
-
-
-def sequence_logps(model, rollout: Rollout, temperature: float, micro: int = 0, rows=None) -> torch.Tensor:
-    """Log-probs of the response tokens under ``model`` (one forward over prompt + response)."""
-    rows = torch.arange(rollout.batch_size) if rows is None else rows
-    out = []
-    step = micro or len(rows)
-    for i in range(0, len(rows), step):
-        out.append(_forward_logps(model, rollout, rows[i:i + step], temperature))
-    return torch.cat(out)
-
-
-def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: float) -> torch.Tensor:
-    from tandem_rlvr.rollout import gqa_attention
-
-    p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows]
-    r_ids, r_mask = rollout.response_ids_BT[rows], rollout.response_mask_BT[rows]
-    ids = torch.cat([p_ids, r_ids], 1)
-    mask = torch.cat([p_mask.long(), r_mask.long()], 1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    T = r_ids.shape[1]
-    inner = getattr(model, "module", model)  # DDP wraps the module; the attention switch lives on its config
-    with gqa_attention(inner):
-        # only the T+1 last positions' logits: the LM head never runs over the prompt
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                       logits_to_keep=T + 1).logits
-    return core.token_logps(logits[:, :-1], r_ids, temperature=temperature)
 
 
 class Trainer:
