@@ -228,7 +228,7 @@ def test_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path
         "algo.arm=trlvr", f"model.senior={dirs['senior']}", f"model.junior={dirs['junior']}", "model.dtype=float32",
         "handoff.schedule=step", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]", "rollout.engine=vllm",
         "train.steps=2", "train.prompts_per_step=4", "algo.group_size=4", "algo.mini_batch_prompts=2",
-        "rollout.max_new_tokens=24", "rollout.max_prompt_tokens=64", "rollout.temperature=1.0", "algo.lr=1e-2",
+        "rollout.max_new_tokens=24", "rollout.max_prompt_tokens=256", "rollout.temperature=1.0", "algo.lr=1e-2",
         f"train.out_dir={tmp_path / 'run'}", "train.save_every=0", "train.progress=false"])
     started = []
 
