@@ -458,14 +458,15 @@ def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = Non
     """Solo validation during training (the senior alone, eval decoding): ``val/pass@k`` and friends.
 
     The seed is ``train.seed`` at every step, so successive checkpoints are compared on the same
-    random numbers (lower-variance checkpoint selection).
+    random numbers (lower-variance checkpoint selection). A user reward ``package.module:function`` (or
+    ``reward_fn``) is scored in-process, as in training; the built-in ones in time-limited workers.
     """
+    from tandem_rlvr.rewards import import_reward
+
     examples = _val_examples(cfg)
     sampling = eval_sampling(cfg.val.max_new_tokens or cfg.rollout.max_new_tokens)
     was_training = bool(getattr(senior, "training", False))
     senior.eval()
-    from tandem_rlvr.rewards import import_reward
-
     reward_fn = reward_fn or import_reward(cfg.data.reward)  # a user's function runs in-process, as in training
     run = dict(n=cfg.val.n, sampling=sampling, seed=cfg.train.seed, batch_size=cfg.rollout.batch_size or 64,
                context=None, max_prompt_tokens=cfg.rollout.max_prompt_tokens)
