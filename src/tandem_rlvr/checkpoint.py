@@ -143,6 +143,9 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bo
     which reads the full states and broadcasts them into every process's shards."""
     from safetensors.torch import load_file
 
+    from tandem_rlvr import fsdp
+
+    sharded = sharded_main is not None
     ts = torch.load(ckpt / "train_state.pt", weights_only=True)
     if hasattr(model, "peft_config"):
         lora = torch.load(ckpt / "lora_state.pt", weights_only=True)
@@ -150,24 +153,20 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bo
         del missing
     else:
         state = {}
-        if sharded_main is None or sharded_main:
+        if not sharded or sharded_main:  # sharded: only the main process reads, then broadcasts
             for f in sorted(ckpt.glob("*.safetensors")):
                 state.update(load_file(str(f)))
-        if sharded_main is None:
-            result = model.load_state_dict(state, strict=False)
-        else:
-            from tandem_rlvr import fsdp
-
+        if sharded:
             result = fsdp.load_model_state(model, state, main=sharded_main)
+        else:
+            result = model.load_state_dict(state, strict=False)
         bad = [k for k in result.missing_keys if not _is_tied(model, k)]
         if bad or result.unexpected_keys:
             raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {bad[:5]}, unexpected {result.unexpected_keys[:5]}")
-    if sharded_main is None:
-        optimizer.load_state_dict(ts["optimizer"])
-    else:
-        from tandem_rlvr import fsdp
-
+    if sharded:
         fsdp.load_optim_state(model, optimizer, ts["optimizer"], main=sharded_main)
+    else:
+        optimizer.load_state_dict(ts["optimizer"])
     scheduler.load_state_dict(ts["scheduler"])
     state = json.loads((ckpt / "trainer_state.json").read_text())
     set_rng_state(state.pop("rng"), ts["rng"])

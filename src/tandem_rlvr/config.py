@@ -239,6 +239,7 @@ def _yaml_why(e: yaml.YAMLError) -> str:
 
 def validate(cfg: Config) -> None:
     """Cross-field checks; raises :class:`ConfigError` naming the key."""
+    from tandem_rlvr.fsdp import MODES as FSDP_MODES
     from tandem_rlvr.handoff import SCHEDULES
 
     a, h, t, r = cfg.algo, cfg.handoff, cfg.train, cfg.rollout
@@ -274,7 +275,7 @@ def validate(cfg: Config) -> None:
         (r.engine != "vllm" or not cfg.model.bridge, "rollout.engine", "vllm does not run the text bridge (model.bridge); use rollout.engine=hf"),
         (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
-        (t.fsdp in ("off", "full", "zero2"), "train.fsdp", f"must be off, full or zero2, got {t.fsdp!r}"),
+        (t.fsdp in FSDP_MODES, "train.fsdp", f"must be {', '.join(FSDP_MODES[:-1])} or {FSDP_MODES[-1]}, got {t.fsdp!r}"),
         (t.fsdp == "off" or (r.engine == "hf" and not cfg.model.lora_r and not cfg.model.bridge), "train.fsdp",
          "works with rollout.engine=hf, full fine-tuning and one vocabulary (no model.lora_r, no model.bridge); "
          "LoRA seniors are small enough for DDP"),

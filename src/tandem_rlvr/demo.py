@@ -257,7 +257,11 @@ def _run_parallel(ctx: _Context, todo: list, n: int):
         if arm is not None:
             shutil.rmtree(out / "runs" / f"{arm}-seed{seed}", ignore_errors=True)
     unit = _eval_units(plan)
-    total = sum(unit + (plan.steps if arm else 0) for arm, _ in todo)
+
+    def cost(job) -> int:  # training steps, plus the evaluation
+        return unit + (plan.steps if job[0] else 0)
+
+    total = sum(cost(job) for job in todo)
     bar = tqdm(total=total, desc=f"demo ({len(todo)} jobs, {n} processes)", unit="step", dynamic_ncols=True)
     log.info("running %d demo jobs in %d processes", len(todo), n)
     with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
@@ -269,7 +273,7 @@ def _run_parallel(ctx: _Context, todo: list, n: int):
                 for fut in done:
                     job = running.pop(fut)
                     result = fut.result()
-                    finished += unit + (plan.steps if job[0] else 0)
+                    finished += cost(job)
                     yield job, result
                 steps = sum(_steps_logged(out, job) for job in running.values())
                 bar.update(max(0, min(total, finished + steps) - bar.n))

@@ -91,8 +91,7 @@ def gathered(model):
         yield model
         return
     mods = _fsdp_modules(model)
-    for m in mods:
-        m.set_reshard_after_forward(False, recurse=False)
+    model.set_reshard_after_forward(False, recurse=True)
     for m in mods:
         m.unshard()
     try:
