@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import types
 
 import pytest
@@ -302,17 +301,19 @@ def test_benchmark_rows_with_bad_answers_are_counted(monkeypatch, caplog):
 # the world hook
 
 
-def test_world_source_is_loaded_lazily(monkeypatch):
-    fake = types.ModuleType("tandem_rlvr.world.problems")
-    fake.load_split = lambda name: [Example(f"{name}-{i}", f"{i}+{i}?", str(2 * i)) for i in range(5)]
-    monkeypatch.setitem(sys.modules, "tandem_rlvr.world.problems", fake)
+def test_world_source_is_a_registered_source(monkeypatch):
+    from tandem_rlvr.world.problems import load_split
+
+    assert D._SOURCES["world"] is load_split, "importing tandem_rlvr registers the world"
+    fake = lambda name: [Example(f"{name}-{i}", f"{i}+{i}?", str(2 * i)) for i in range(5)]  # noqa: E731
+    monkeypatch.setitem(D._SOURCES, "world", fake)
     assert load_examples("world/train", limit=2) == [Example("train-0", "0+0?", "0"), Example("train-1", "1+1?", "2")]
     assert len(load_examples("world", "test")) == 5
 
 
-def test_world_source_without_the_module(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tandem_rlvr.world.problems", None)  # import fails: "not available"
-    with pytest.raises(DataError, match="world/train: .*tandem_rlvr.world.problems.* not available"):
+def test_world_source_without_the_world(monkeypatch):
+    monkeypatch.delitem(D._SOURCES, "world")  # not registered: a clear error, never another source
+    with pytest.raises(DataError, match="world/train: no data source 'world' is registered"):
         load_examples("world/train")
     with pytest.raises(DataError, match="needs a split name"):
         load_examples("world/")

@@ -3,7 +3,16 @@
 import pytest
 import torch
 
-from tandem_rlvr.handoff import SCHEDULES, make_schedule, simulate, token_table
+from tandem_rlvr.handoff import (
+    SCHEDULES,
+    CoinStream,
+    Schedule,
+    SequenceSchedule,
+    TokenTable,
+    make_schedule,
+    simulate,
+    token_table,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +33,7 @@ def test_token_table_marks_word_starts(tokenizer, table):
     for i, t in zip(ids, toks):
         assert bool(table.boundary_V[i]) == t.startswith("Ġ"), t
     nl = tokenizer.convert_tokens_to_ids("Ċ")
-    assert table.ends_nl_V[nl] and table.starts_nl_V[nl] and not table.ends_nl2_V[nl]
+    assert table.ends_nl_V[nl] and table.starts_nl_V[nl] and not table.nl2_V[nl]
     for special in tokenizer.all_special_ids:
         assert not table.boundary_V[special]
 
@@ -73,12 +82,12 @@ def test_alternate_senior_first_and_flips_at_step_ends(tokenizer, table):
     ids = torch.tensor([tokenizer(text)["input_ids"]])
     owner, rounds = simulate(make_schedule("alternate", table=table), ids)
     pieces = tokenizer.convert_ids_to_tokens(ids[0].tolist())
-    expected, author, prev_nl = [], 1, False
+    expected, author, turn_nl = [], 1, False
     for piece in pieces:
         expected.append(author)
-        if piece.endswith("ĊĊ") or (prev_nl and piece.startswith("Ċ")):
-            author = 1 - author
-        prev_nl = piece.endswith("Ċ")
+        end = "ĊĊ" in piece or (turn_nl and piece.startswith("Ċ"))
+        author = 1 - author if end else author
+        turn_nl = piece.endswith("Ċ") and not end
     assert owner[0].tolist() == expected
     assert owner[0, 0] == 1 and rounds.item() == 4
 
@@ -99,3 +108,52 @@ def test_bad_schedule_arguments():
         make_schedule("bernoulli", p=1.5)
     with pytest.raises(ValueError, match="needs the tokenizer"):
         make_schedule("word")
+
+
+# --- step ends: inside the current step only (hand-built token table) ------------------------------
+# ids: 0 "a", 1 "b\n" (ends with a newline), 2 "\nc" (starts with one), 3 ".\n\n" (holds "\n\n")
+HAND = TokenTable(boundary_V=torch.tensor([True, True, True, True]), ends_nl_V=torch.tensor([False, True, False, True]),
+                  nl2_V=torch.tensor([False, False, False, True]), starts_nl_V=torch.tensor([False, False, True, False]))
+
+
+def test_a_split_newline_pair_ends_a_step_within_one_turn():
+    owner, rounds = simulate(Schedule("alternate", table=HAND), torch.tensor([[0, 1, 2, 0, 0]]))
+    assert owner[0].tolist() == [1, 1, 1, 0, 0], "'b\\n' then '\\nc' by the same author ends the step"
+    assert rounds.item() == 2
+
+
+def test_the_newline_ending_a_step_does_not_carry_into_the_next_turn():
+    # ".\n\n" ends the senior's step (and itself ends with a newline); the junior's first token "\nc"
+    # starts with one: the junior's turn must not end after that one token.
+    owner, rounds = simulate(Schedule("alternate", table=HAND), torch.tensor([[0, 3, 2, 0, 0]]))
+    assert owner[0].tolist() == [1, 1, 0, 0, 0]
+    assert rounds.item() == 2
+
+
+def test_sequence_view_follows_the_batch_view(tokenizer, table):
+    """The per-sequence schedule (vLLM, bridge) and the batched one (in-process) are the same rules."""
+    toks = _stream(tokenizer, B=6, T=80, seed=5)
+    for name in SCHEDULES:
+        sch = make_schedule(name, table=table, p=0.5, max_gap=4, chunk_size=3)
+        owner, rounds = simulate(sch, toks, seed=9)
+        coins = CoinStream(toks.shape[0], sch.p, 9)
+        for b in range(toks.shape[0]):
+            seq = SequenceSchedule(sch, coins, b)
+            got = []
+            for tok in toks[b].tolist():
+                got.append(int(seq.author))
+                seq.feed(tok)
+            assert got == owner[b].tolist() and seq.rounds == int(rounds[b]), (name, b)
+
+
+def test_turn_limits_for_turn_level_engines(table):
+    coins = CoinStream(1, 0.5, 0)
+    chunk = SequenceSchedule(make_schedule("chunk", chunk_size=5), coins, 0)
+    assert chunk.max_turn_tokens() == 5 and chunk.stop_strings() == []
+    chunk.feed(7), chunk.feed(7)
+    assert chunk.max_turn_tokens() == 3
+    assert SequenceSchedule(make_schedule("bernoulli"), coins, 0).max_turn_tokens() == 1
+    step = SequenceSchedule(make_schedule("step", table=table), coins, 0)
+    assert step.max_turn_tokens() is None and step.stop_strings() == ["\n\n"]
+    word = SequenceSchedule(make_schedule("word", table=table), coins, 0)
+    assert set(word.boundary_ids()) == set(table.boundary_V.nonzero().flatten().tolist())

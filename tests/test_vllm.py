@@ -12,6 +12,7 @@ import torch
 from conftest import CORPUS
 
 from tandem_rlvr.bridge import decode_turn, make_side
+from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.rollout import Sampling, generate
 from tandem_rlvr.vllm_backend import (
@@ -118,7 +119,7 @@ def test_turn_logic_matches_the_lockstep_engine(tok, pair, batch, name, kw, max_
         assert int(ref.rounds_B.max()) >= 4, "the fixture must exercise several handoffs"
     engine = VLLMEngine(GreedyStandIn(pair[0], tok), GreedyStandIn(pair[1], tok), eos_token_ids=[tok.eos_token_id],
                         pad_token_id=tok.pad_token_id, sampling_params_cls=lambda **k: SimpleNamespace(**k))
-    _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=4, max_rounds=max_rounds))
+    _assert_same(ref, engine.generate(PromptBatch(*batch), schedule, sampling, seed=4, max_rounds=max_rounds))
 
 
 @pytest.mark.parametrize("name", ["word", "bernoulli", "chunk"])
@@ -170,7 +171,7 @@ def test_vllm_matches_the_lockstep_engine(tok, pair, batch, engines, name, kw, m
     schedule = make_schedule(name, tok, **kw)
     sampling = Sampling(max_new_tokens=60, temperature=0)
     ref = _in_process(tok, pair, batch, schedule, sampling, seed=4, max_rounds=max_rounds)
-    _assert_same(ref, engines.generate(*batch, schedule, sampling, seed=4, max_rounds=max_rounds))
+    _assert_same(ref, engines.generate(PromptBatch(*batch), schedule, sampling, seed=4, max_rounds=max_rounds))
 
 
 @pytest.mark.slow
@@ -194,7 +195,7 @@ def test_vllm_solo_samples_and_weight_push(tok, pair, batch, engines):
     assert not torch.equal(new_ref.response_ids_BT[:, :5], ref.response_ids_BT[:, :5])
     try:
         engines.push_senior(trained)
-        _assert_same(new_ref, engines.generate(*batch, make_schedule("none"), sampling))
+        _assert_same(new_ref, engines.generate(PromptBatch(*batch), make_schedule("none"), sampling))
         junior_only = engines.solo(prompts, sampling, use_junior=True)
         assert junior_only != engines.solo(prompts, sampling), "the junior engine keeps its own weights"
     finally:
@@ -252,4 +253,4 @@ def test_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path
     sampling = Sampling(max_new_tokens=30, temperature=0)
     ref = generate(trained, None, *batch, make_schedule("none"), sampling, eos_token_ids=[tok.eos_token_id],
                    pad_token_id=tok.pad_token_id)
-    _assert_same(ref, engine.generate(*batch, make_schedule("none"), sampling))
+    _assert_same(ref, engine.generate(PromptBatch(*batch), make_schedule("none"), sampling))

@@ -36,20 +36,14 @@ from dataclasses import dataclass, field
 import torch
 
 from tandem_rlvr.core import token_logps
-from tandem_rlvr.rollout import (
-    SCHEDULE_SEED_OFFSET,
-    Rollout,
-    Sampling,
-    _Stream,
-    sample_tokens,
-)
+from tandem_rlvr.engines.base import EngineBase, PromptBatch
+from tandem_rlvr.engines.serving import BRIDGE
+from tandem_rlvr.errors import BridgeError
+from tandem_rlvr.handoff import STEP_END, CoinStream, Schedule, SequenceSchedule, TokenTable, step_end, token_table
+from tandem_rlvr.rollout import Rollout, Sampling, _Stream, sample_tokens
 
-BRIDGE_SCHEDULES = ("step", "alternate")
-STEP_END = "\n\n"
-
-
-class BridgeError(ValueError):
-    """A tandem setting the text bridge cannot serve; the message says why and what to use."""
+__all__ = ["BridgeEngine", "BridgeError", "BridgeRollout", "bridge_generate", "check_bridge_schedule", "decode_turn",
+           "make_side", "senior_token_owner", "tokenizers_differ"]
 
 
 def tokenizers_differ(senior_tok, junior_tok) -> bool:
@@ -59,54 +53,17 @@ def tokenizers_differ(senior_tok, junior_tok) -> bool:
 
 def check_bridge_schedule(name: str) -> None:
     """Raise :class:`BridgeError` unless ``name`` is a step-level schedule the bridge can run."""
-    if name in BRIDGE_SCHEDULES:
-        return
-    if name == "word":
-        raise BridgeError(
-            "handoff.schedule 'word' cannot be used when the senior and junior tokenizers differ: a word "
-            "handoff happens every ~2 words, at token boundaries of the author's vocabulary that the other "
-            "model's vocabulary does not share. Use handoff.schedule=step or alternate (text bridge), or a "
-            "junior with the senior's tokenizer."
-        )
-    raise BridgeError(
-        f"handoff.schedule {name!r} cannot be bridged between different tokenizers; "
-        f"only step-level schedules can ({', '.join(BRIDGE_SCHEDULES)})"
-    )
-
-
-@dataclass(frozen=True)
-class NewlineTable:
-    """Per-id newline flags of one vocabulary, to find where a turn's text first holds ``"\\n\\n"``."""
-
-    has_nl2_V: torch.Tensor
-    ends_nl_V: torch.Tensor
-    starts_nl_V: torch.Tensor
-
-
-def newline_table(tokenizer, rows: int | None = None) -> NewlineTable:
-    """Flags for every id of ``tokenizer`` (padded to ``rows`` model rows; special tokens all False)."""
-    n_tok = len(tokenizer)
-    size = max(n_tok, rows or 0)
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    flags = torch.zeros(3, size, dtype=torch.bool)
-    for i in range(n_tok):
-        if i in special:
-            continue
-        text = tokenizer.decode([i], clean_up_tokenization_spaces=False)
-        flags[0, i] = STEP_END in text
-        flags[1, i] = text.endswith("\n")
-        flags[2, i] = text.startswith("\n")
-    return NewlineTable(flags[0], flags[1], flags[2])
+    BRIDGE.check(name)
 
 
 @dataclass
 class Side:
-    """One author of the bridge: its model, tokenizer, EOS ids and newline table."""
+    """One author of the bridge: its model, tokenizer, EOS ids and token table (where its steps end)."""
 
     model: object
     tokenizer: object
     eos_ids: list[int]
-    table: NewlineTable = field(repr=False, default=None)  # type: ignore[assignment]
+    table: TokenTable = field(repr=False, default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if not self.eos_ids:
@@ -115,7 +72,7 @@ class Side:
             raise BridgeError(f"tokenizer {getattr(self.tokenizer, 'name_or_path', '?')!r} has no pad token")
         if self.table is None:
             rows = self.model.get_output_embeddings().weight.shape[0]
-            self.table = newline_table(self.tokenizer, rows)
+            self.table = token_table(self.tokenizer, rows)
 
 
 def make_side(model, tokenizer, eos_ids: Sequence[int] | None = None) -> Side:
@@ -149,14 +106,8 @@ class _Turn:
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(1, max(len(s) for s in seqs))
-    ids_BP = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask_BP = torch.zeros(len(seqs), width, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        if s:
-            ids_BP[b, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask_BP[b, width - len(s):] = 1
-    return ids_BP, mask_BP
+    batch = PromptBatch.left_padded(seqs, pad_id)
+    return batch.ids_BP, batch.mask_BP
 
 
 @torch.inference_mode()
@@ -172,8 +123,8 @@ def decode_turn(side: Side, seqs: list[list[int]], budget_B: list[int], sampling
     table = side.table
     stream = _Stream(side.model, ids_BP, mask_BP)
     out_BT = torch.zeros(B, n_max, dtype=torch.long)
-    done, prev_nl = torch.zeros(B, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
-    hit_eos, step_end = torch.zeros(B, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
+    done, turn_nl = torch.zeros(B, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
+    hit_eos, ended = torch.zeros(B, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
     length = torch.zeros(B, dtype=torch.long)
     mask_BT = mask_BP
     for t in range(n_max):
@@ -182,15 +133,15 @@ def decode_turn(side: Side, seqs: list[list[int]], budget_B: list[int], sampling
         out_BT[:, t] = tok
         length += (~done).long()
         is_eos = torch.isin(tok, eos) & ~done
-        is_end = (table.has_nl2_V[tok] | (prev_nl & table.starts_nl_V[tok])) & ~done & ~is_eos
-        prev_nl = table.ends_nl_V[tok]
-        hit_eos, step_end = hit_eos | is_eos, step_end | is_end
+        is_end = step_end(table.nl2_V[tok], table.starts_nl_V[tok], turn_nl) & ~done & ~is_eos
+        turn_nl = table.ends_nl_V[tok]
+        hit_eos, ended = hit_eos | is_eos, ended | is_end
         done = done | is_eos | is_end | (length >= budget)
         if bool(done.all()):
             break
         mask_BT = torch.cat([mask_BT, torch.ones(B, 1, dtype=mask_BT.dtype, device=device)], dim=1)
         stream.step(tok.to(device), mask_BT)
-    return [_Turn(out_BT[b, :length[b]].tolist(), bool(hit_eos[b]), bool(step_end[b])) for b in range(B)]
+    return [_Turn(out_BT[b, :length[b]].tolist(), bool(hit_eos[b]), bool(ended[b])) for b in range(B)]
 
 
 def _turn_text(side: Side, turn: _Turn) -> str:
@@ -203,23 +154,28 @@ def _turn_text(side: Side, turn: _Turn) -> str:
 
 @dataclass
 class _Chains:
-    """Per-row state of a bridged batch (plain Python: turns are few and rows are independent)."""
+    """Per-row state of a bridged batch (plain Python: turns are few and rows are independent).
+    Who writes next is each row's :class:`~tandem_rlvr.handoff.SequenceSchedule`'s to say."""
 
     texts: list[str]
     spans: list[list[list[int]]]
-    author: list[bool]
-    rounds: list[int]
+    sched: list[SequenceSchedule]
     remaining: list[int]
     done: list[bool]
     finished: list[bool]
     last_author: list[bool]
-    turn_ends: list[int]
 
     @classmethod
-    def start(cls, n: int, author: list[bool], budget: int) -> _Chains:
-        """``n`` empty chains with their first authors and the whole budget each."""
-        return cls([""] * n, [[] for _ in range(n)], list(author), [1] * n, [budget] * n,
-                   [False] * n, [False] * n, list(author), [0] * n)
+    def start(cls, schedule: Schedule, coins: CoinStream, budget: int) -> _Chains:
+        """``coins.n`` empty chains with their first authors and the whole budget each."""
+        n = coins.n
+        sched = [SequenceSchedule(schedule, coins, b) for b in range(n)]
+        return cls([""] * n, [[] for _ in range(n)], sched, [budget] * n, [False] * n, [False] * n,
+                   [s.author for s in sched])
+
+    @property
+    def author(self) -> list[bool]:
+        return [s.author for s in self.sched]
 
     def add_text(self, b: int, text: str, owner: int) -> None:
         """Append ``text`` to row ``b``, extending its last span when the owner is unchanged."""
@@ -233,44 +189,17 @@ class _Chains:
             self.spans[b].append([start, end, owner])
 
 
-class SeededCoins:
-    """Seeded handoff coins: draw ``k`` is ``torch.rand(n) < p`` from the schedule's generator.
-
-    The draws are exactly those the lockstep engine makes (one per decoding step for the whole
-    batch, seeded ``seed + SCHEDULE_SEED_OFFSET``), read in any order: the bridge uses draw ``k`` at a
-    row's ``k``-th step end, the vLLM backend draw ``t + 1`` after response token ``t``.
-    """
-
-    def __init__(self, n: int, p: float, seed: int):
-        self.n, self.p = n, p
-        self.gen = torch.Generator().manual_seed(int(seed) + SCHEDULE_SEED_OFFSET)
-        self.table: list[torch.Tensor] = [torch.rand(n, generator=self.gen) < p]
-
-    def draw(self, b: int, k: int) -> bool:
-        """Row ``b``'s coin of draw ``k`` (True = the senior writes next)."""
-        while len(self.table) <= k:
-            self.table.append(torch.rand(self.n, generator=self.gen) < self.p)
-        return bool(self.table[k][b])
-
-
-def _after_turn(ch: _Chains, b: int, turn: _Turn, schedule: str, coins: SeededCoins, max_rounds: int | None) -> None:
-    """Update row ``b`` after its author's turn: end the chain or choose the next author."""
+def _after_turn(ch: _Chains, b: int, turn: _Turn, max_rounds: int | None) -> None:
+    """Update row ``b`` after its author's turn: end the chain, or let the schedule pick the next author."""
     ch.remaining[b] -= len(turn.ids)
-    ch.last_author[b] = ch.author[b]
+    ch.last_author[b] = ch.sched[b].author
     if turn.hit_eos:
         ch.done[b], ch.finished[b] = True, True
-        return
-    if ch.remaining[b] <= 0 or not turn.step_end:
+    elif ch.remaining[b] <= 0 or not turn.step_end:
         ch.done[b] = True
-        return
-    ch.turn_ends[b] += 1
-    nxt = (not ch.author[b]) if schedule == "alternate" else coins.draw(b, ch.turn_ends[b])
-    if nxt != ch.author[b]:
-        if max_rounds is not None and ch.rounds[b] >= max_rounds:
-            ch.done[b] = True
-            return
-        ch.rounds[b] += 1
-    ch.author[b] = nxt
+    else:
+        ch.sched[b].end_step()
+        ch.done[b] = ch.sched[b].over(max_rounds)
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -283,8 +212,8 @@ def _encode_prompts(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
     return tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
 
 
-def _run_turns(senior: Side, junior: Side, prompt_ids: dict, ch: _Chains, schedule: str, sampling: Sampling,
-               coins: SeededCoins, gen: torch.Generator, max_rounds: int | None) -> None:
+def _run_turns(senior: Side, junior: Side, prompt_ids: dict, ch: _Chains, sampling: Sampling,
+               gen: torch.Generator, max_rounds: int | None) -> None:
     """Play turns until every chain is done; each pass runs the senior's rows, then the junior's."""
     while not all(ch.done):
         for is_senior, side in ((True, senior), (False, junior)):
@@ -296,7 +225,7 @@ def _run_turns(senior: Side, junior: Side, prompt_ids: dict, ch: _Chains, schedu
             turns = decode_turn(side, seqs, [ch.remaining[b] for b in rows], sampling, gen)
             for b, turn in zip(rows, turns):
                 ch.add_text(b, _turn_text(side, turn), int(is_senior))
-                _after_turn(ch, b, turn, schedule, coins, max_rounds)
+                _after_turn(ch, b, turn, max_rounds)
 
 
 def _char_owner(spans: list[list[int]], n: int) -> torch.Tensor:
@@ -318,7 +247,8 @@ def senior_token_owner(text: str, spans: list[list[int]], offsets: list[tuple[in
     return out
 
 
-def _to_rollout(senior: Side, ch: _Chains, prompt_ids: list[list[int]], schedule: str) -> Rollout:
+def _to_rollout(senior: Side, ch: _Chains, prompt_ids: list[list[int]], schedule: str,
+                max_rounds: int | None) -> Rollout:
     """The senior-token Rollout of the final texts (offset mapping → owner per senior token)."""
     tok = senior.tokenizer
     enc = tok(ch.texts, add_special_tokens=False, return_offsets_mapping=True)
@@ -343,7 +273,8 @@ def _to_rollout(senior: Side, ch: _Chains, prompt_ids: list[list[int]], schedule
     return Rollout(
         prompt_ids_BP=p_ids.to(dev), prompt_mask_BP=p_mask.to(dev), response_ids_BT=ids_BT.to(dev),
         response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T),
-        junior_logps_BT=None, rounds_B=torch.tensor(ch.rounds, dtype=torch.long),
+        junior_logps_BT=None,
+        rounds_B=torch.tensor([min(q.rounds, max_rounds or 10**9) for q in ch.sched], dtype=torch.long),
         finished_B=torch.tensor(ch.finished), schedule=schedule,
     )
 
@@ -389,16 +320,45 @@ def bridge_generate(
     junior_prompts = senior_prompts if junior_prompts is None else junior_prompts
     if len(junior_prompts) != len(senior_prompts) or not senior_prompts:
         raise BridgeError(f"need one junior prompt per senior prompt, got {len(junior_prompts)} and {len(senior_prompts)}")
-    n = len(senior_prompts)
-    coins = SeededCoins(n, p, seed)
-    first = [True] * n if schedule == "alternate" else [bool(c) for c in coins.table[0]]
-    ch = _Chains.start(n, first, sampling.max_new_tokens)
+    coins = CoinStream(len(senior_prompts), p, seed)
+    ch = _Chains.start(Schedule(schedule, p), coins, sampling.max_new_tokens)
     prompt_ids = {True: _encode_prompts(senior.tokenizer, senior_prompts),
                   False: _encode_prompts(junior.tokenizer, junior_prompts)}
     gen = torch.Generator().manual_seed(int(seed))
-    _run_turns(senior, junior, prompt_ids, ch, schedule, sampling, coins, gen, max_rounds)
-    rollout = _to_rollout(senior, ch, prompt_ids[True], schedule)
+    _run_turns(senior, junior, prompt_ids, ch, sampling, gen, max_rounds)
+    rollout = _to_rollout(senior, ch, prompt_ids[True], schedule, max_rounds)
     if score:
         rollout.senior_logps_BT = score_senior(senior.model, rollout, sampling.temperature)
     spans = [[(s, e, o) for s, e, o in row] for row in ch.spans]
     return BridgeRollout(rollout, ch.texts, spans)
+
+
+class BridgeEngine(EngineBase):
+    """The text bridge behind the :class:`~tandem_rlvr.engines.base.Engine` interface: it renders each
+    prompt's problem with both chat templates (``prompts.problems`` is required). ``score`` fills
+    ``senior_logps_BT`` (the trainer recomputes them itself)."""
+
+    serving = BRIDGE
+
+    def __init__(self, senior, tokenizer, junior, junior_tokenizer, *, eos_token_ids: Sequence[int] | None = None,
+                 score: bool = False):
+        self.senior, self.tok, self.junior, self.jtok = senior, tokenizer, junior, junior_tokenizer
+        self.eos, self.score = eos_token_ids, score
+
+    def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,
+                 max_rounds: int | None = None) -> Rollout:
+        from tandem_rlvr.data import render_prompt
+
+        self.check(schedule)
+        if prompts.problems is None:
+            raise BridgeError("the text bridge renders each prompt with both chat templates: pass the problems "
+                              "(PromptBatch.problems)")
+        out = bridge_generate(
+            make_side(self.senior, self.tok, self.eos), make_side(self.junior, self.jtok),
+            [render_prompt(self.tok, q) for q in prompts.problems], [render_prompt(self.jtok, q) for q in prompts.problems],
+            schedule.name, sampling, p=schedule.p, seed=seed, max_rounds=max_rounds, score=self.score,
+        )
+        return out.rollout
+
+    def sync_senior(self, model) -> None:
+        self.senior = model

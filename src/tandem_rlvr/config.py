@@ -17,11 +17,10 @@ from typing import Any
 
 import yaml
 
+from tandem_rlvr.errors import ConfigError  # noqa: F401 (raised here; also importable from here)
+
 ARMS = ("trlvr", "grpo", "kl_reg")
 
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the offending key."""
 
 
 def _f(default: Any, doc: str, **kw) -> Any:
@@ -78,7 +77,8 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     batch_size: int = _f(0, "Rollouts per engine call (0 = all of this process's rollouts of the step at once). A multiple of group_size.")
-    engine: str = _f("hf", "Rollout engine: hf (in-process lockstep engine, every schedule) or vllm (vLLM engines, schedules none/step/alternate; needs tandem-rlvr[vllm]).")
+    engine: str = _f("hf", "Rollout engine: hf (in-process, every schedule) or vllm (vLLM engines, schedules none/step/alternate; needs tandem-rlvr[vllm]). A junior with another tokenizer (model.bridge) always uses the text bridge (step/alternate).")
+    mode: str = _f("lockstep", "How the in-process engine keeps both models in step (same tokens, owners and log-probs on the same seed): lockstep (both models read every token: one forward each per token) or catchup (a model runs only when it writes, then reads the tokens it missed in one forward; wins with small batches and long turns).")
     vllm_memory: float = _f(0.3, "Share of the accelerator's memory each vLLM engine may take (senior and junior engines share the device with training).")
 
 
@@ -237,12 +237,29 @@ def _yaml_why(e: yaml.YAMLError) -> str:
     return f"{what} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else what
 
 
+def _engine_refusal(cfg: Config) -> tuple[str, str | None]:
+    """``(key, reason)``: the engine the config selects, asked about the schedule its arm rolls out."""
+    from tandem_rlvr.engines.serving import ENGINES, serving
+
+    r, bridge = cfg.rollout, cfg.model.bridge
+    if r.engine not in ENGINES:
+        return "rollout.engine", f"must be {' or '.join(ENGINES)}, got {r.engine!r}"
+    if bridge and r.engine != "hf":
+        return "rollout.engine", f"{r.engine} does not run the text bridge (model.bridge); use rollout.engine=hf"
+    schedule = cfg.handoff.schedule if cfg.algo.arm == "trlvr" else "none"
+    why = serving(r.engine, bridge=bridge).refusal(schedule)
+    if why is not None and cfg.algo.arm != "trlvr":
+        why += f" (algo.arm={cfg.algo.arm} rolls out solo)"
+    return ("model.bridge" if bridge else "rollout.engine"), why
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks; raises :class:`ConfigError` naming the key."""
-    from tandem_rlvr.fsdp import MODES as FSDP_MODES
-    from tandem_rlvr.handoff import SCHEDULES
+    from tandem_rlvr.engines.serving import MODES
+    from tandem_rlvr.names import FSDP_MODES, LOSS_TYPES, SCHEDULES
 
     a, h, t, r = cfg.algo, cfg.handoff, cfg.train, cfg.rollout
+    engine_key, engine_why = _engine_refusal(cfg) if h.schedule in SCHEDULES else ("rollout.engine", None)
     checks = [
         (bool(cfg.model.senior), "model.senior", "must name a model (a local path or hub name)"),
         (cfg.model.self_paired or bool(cfg.model.junior), "model.junior", "is required unless model.self_paired is true"),
@@ -250,7 +267,7 @@ def validate(cfg: Config) -> None:
         (cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"must be float32, bfloat16 or float16, got {cfg.model.dtype!r}"),
         (a.arm in ARMS, "algo.arm", f"must be one of {', '.join(ARMS)}, got {a.arm!r}"),
         (a.group_size >= 2, "algo.group_size", f"must be >= 2 (GRPO needs a group), got {a.group_size}"),
-        (a.loss_type in ("grpo", "dapo", "token_mean", "dr_grpo"), "algo.loss_type", f"must be grpo, dapo, token_mean or dr_grpo, got {a.loss_type!r}"),
+        (a.loss_type in LOSS_TYPES, "algo.loss_type", f"must be one of {', '.join(LOSS_TYPES)}, got {a.loss_type!r}"),
         (a.kl_beta >= 0, "algo.kl_beta", "must be >= 0"),
         (a.arm != "kl_reg" or a.kl_beta > 0, "algo.kl_beta", "must be > 0 for the kl_reg arm"),
         (a.arm == "kl_reg" or a.kl_beta == 0, "algo.kl_beta", f"is only used by the kl_reg arm; set it to 0 for {a.arm!r}"),
@@ -268,11 +285,8 @@ def validate(cfg: Config) -> None:
         (r.temperature > 0, "rollout.temperature", "must be > 0 for GRPO sampling"),
         (0 < r.top_p <= 1 and r.top_k >= 0, "rollout.top_p", "top_p must be in (0, 1] and top_k >= 0"),
         (r.batch_size == 0 or r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),
-        (r.engine in ("hf", "vllm"), "rollout.engine", f"must be hf or vllm, got {r.engine!r}"),
-        (r.engine != "vllm" or a.arm != "trlvr" or h.schedule in ("step", "alternate"), "rollout.engine",
-         f"vllm serves handoff schedules none, step and alternate only; {h.schedule!r} handoffs stay on the "
-         "in-process engine (rollout.engine=hf): a handoff every few tokens would make each one an engine round-trip"),
-        (r.engine != "vllm" or not cfg.model.bridge, "rollout.engine", "vllm does not run the text bridge (model.bridge); use rollout.engine=hf"),
+        (r.mode in MODES, "rollout.mode", f"must be {' or '.join(MODES)}, got {r.mode!r}"),
+        (engine_why is None, engine_key, engine_why),
         (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
         (t.fsdp in FSDP_MODES, "train.fsdp", f"must be {', '.join(FSDP_MODES[:-1])} or {FSDP_MODES[-1]}, got {t.fsdp!r}"),
@@ -283,9 +297,8 @@ def validate(cfg: Config) -> None:
         (t.max_nonfinite >= 1, "train.max_nonfinite", f"must be >= 1, got {t.max_nonfinite}"),
         (0 < cfg.data.reward_timeout_s < math.inf and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),
         (cfg.val.every == 0 or bool(cfg.val.data), "val.data", "is required when val.every > 0"),
-        (not cfg.model.bridge or (a.arm == "trlvr" and h.schedule in ("step", "alternate") and not cfg.model.self_paired),
-         "model.bridge", "needs algo.arm=trlvr, handoff.schedule step or alternate, and a separate model.junior "
-         "(word handoffs and per-token KL need one shared vocabulary)"),
+        (not cfg.model.bridge or (a.arm == "trlvr" and not cfg.model.self_paired),
+         "model.bridge", "needs algo.arm=trlvr and a separate model.junior (per-token KL needs one shared vocabulary)"),
         (cfg.data.reward in ("math", "gsm8k", "boxed_exact") or ":" in cfg.data.reward, "data.reward",
          f"must be math, gsm8k, boxed_exact or package.module:function, got {cfg.data.reward!r}"),
     ]

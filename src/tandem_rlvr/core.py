@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-Tensor = torch.Tensor
+from tandem_rlvr.names import LOSS_TYPES, TOKEN_MEAN_LOSSES
 
-LOSS_TYPES: tuple[str, ...] = ("grpo", "dapo", "token_mean", "dr_grpo")
+Tensor = torch.Tensor
 
 __all__ = [
     "LOSS_TYPES",
@@ -34,6 +34,8 @@ __all__ = [
     "group_advantages",
     "k3_kl",
     "masked_mean",
+    "chunk_weight",
+    "process_scale",
     "policy_loss",
     "token_logps",
 ]
@@ -173,6 +175,28 @@ def aggregate(
     return masked_BT.sum() / num_tokens
 
 
+def chunk_weight(loss_type: str, chunk_rows: int, rows: int, num_processes: int = 1) -> tuple[float, float]:
+    """How one micro-batch chunk's loss enters a mini-batch update: ``(backward factor, share)``.
+
+    A mini-batch of ``rows`` rows is split into chunks whose gradients add up, and DDP / FSDP average
+    gradients over ``num_processes``. Token-mean losses already divide by the global token count, so a
+    chunk's loss is its share as is (``share`` 1) and the backward factor undoes the process average;
+    per-sequence means (``grpo``, ``dr_grpo``) are weighted by the chunk's share of rows.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; valid: {', '.join(LOSS_TYPES)}")
+    if loss_type in TOKEN_MEAN_LOSSES:
+        return float(num_processes), 1.0
+    share = chunk_rows / rows
+    return share, share
+
+
+def process_scale(loss_type: str, num_processes: int) -> int:
+    """Factor from one process's summed chunk losses to the global loss: token-mean shares add up over
+    processes (``num_processes``), per-sequence means average (1)."""
+    return num_processes if loss_type in TOKEN_MEAN_LOSSES else 1
+
+
 def _check_policy_args(
     logps_BT: Tensor,
     old_logps_BT: Tensor,
@@ -250,25 +274,30 @@ def policy_loss(
             per_token_BT = pg_BT + kl_beta * (ratio_BT * kl_BT if kl_is_correction else kl_BT)
     agg = dict(loss_type=loss_type, num_tokens=num_tokens, max_len=max_len)
     loss = aggregate(per_token_BT, mask_b, **agg)
+    pg_loss = loss if per_token_BT is pg_BT else None
+    return loss, _loss_metrics(loss, pg_loss, pg_BT, ratio_BT, adv_B1, kl_BT, mask_b, agg, clip_eps, eps_high)
 
-    with torch.no_grad():
-        n_tokens = mask_b.sum().to(torch.float32)
 
-        def token_mean(x_BT: Tensor) -> Tensor:
-            return torch.where(mask_b, x_BT.float(), 0.0).sum() / n_tokens
+@torch.no_grad()
+def _loss_metrics(loss, pg_loss, pg_BT, ratio_BT, adv_B1, kl_BT, mask_b, agg, clip_eps, eps_high) -> dict[str, float]:
+    """The metrics of :func:`policy_loss` as python floats (one device sync)."""
+    n_tokens = mask_b.sum().to(torch.float32)
 
-        low_BT = (ratio_BT < 1.0 - clip_eps) & (adv_B1 < 0)
-        high_BT = (ratio_BT > 1.0 + eps_high) & (adv_B1 > 0)
-        stats = {
-            "train/loss": loss,
-            "train/pg_loss": loss if per_token_BT is pg_BT else aggregate(pg_BT, mask_b, **agg),
-            "train/clip_frac": token_mean(low_BT | high_BT),
-            "train/clip_frac_low": token_mean(low_BT),
-            "train/clip_frac_high": token_mean(high_BT),
-            "train/ratio_mean": token_mean(ratio_BT),
-            "train/num_tokens": n_tokens,
-        }
-        if kl_BT is not None:
-            stats["kl/policy_ref"] = token_mean(kl_BT)
-        values = torch.stack([v.detach().float().reshape(()) for v in stats.values()]).tolist()  # one sync
-    return loss, dict(zip(stats.keys(), values))
+    def token_mean(x_BT: Tensor) -> Tensor:
+        return torch.where(mask_b, x_BT.float(), 0.0).sum() / n_tokens
+
+    low_BT = (ratio_BT < 1.0 - clip_eps) & (adv_B1 < 0)
+    high_BT = (ratio_BT > 1.0 + eps_high) & (adv_B1 > 0)
+    stats = {
+        "train/loss": loss,
+        "train/pg_loss": pg_loss if pg_loss is not None else aggregate(pg_BT, mask_b, **agg),
+        "train/clip_frac": token_mean(low_BT | high_BT),
+        "train/clip_frac_low": token_mean(low_BT),
+        "train/clip_frac_high": token_mean(high_BT),
+        "train/ratio_mean": token_mean(ratio_BT),
+        "train/num_tokens": n_tokens,
+    }
+    if kl_BT is not None:
+        stats["kl/policy_ref"] = token_mean(kl_BT)
+    values = torch.stack([v.detach().float().reshape(()) for v in stats.values()]).tolist()
+    return dict(zip(stats.keys(), values))

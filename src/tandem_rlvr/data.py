@@ -10,14 +10,15 @@ file, bad encoding or syntax, missing column, no usable row, unknown name, unrea
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tandem_rlvr.errors import DataError  # noqa: F401 (raised here; also importable from here)
 
 __all__ = [
     "BENCHMARKS",
@@ -47,9 +48,6 @@ MAX_PROBLEM_CHARS = 100_000
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 ANSWER_FORMATS = ("plain", "gsm8k")
 
-
-class DataError(ValueError):
-    """A data source that cannot be used as given (the message names the file, column or name)."""
 
 
 @dataclass(frozen=True)
@@ -404,21 +402,22 @@ def _load_benchmark(
     return _finish(f"{spec.name}[{split}]", examples, skipped, limit)
 
 
-def _load_world(split_name: str, limit: int | None) -> list[Example]:
+_SOURCES: dict[str, Callable[[str], Sequence[Example]]] = {}
+
+
+def register_source(name: str, load_split: Callable[[str], Sequence[Example]]) -> None:
+    """Make ``load_examples("<name>/<split>")`` return ``load_split(split)`` (the built-in world
+    registers itself as ``world`` when :mod:`tandem_rlvr.world` is imported, as ``import tandem_rlvr`` does)."""
+    _SOURCES[name] = load_split
+
+
+def _load_registered(name: str, split_name: str, limit: int | None) -> list[Example]:
     if not split_name:
-        raise DataError("data: 'world/<split>' needs a split name, e.g. 'world/train'")
-    try:
-        problems = importlib.import_module("tandem_rlvr.world.problems")
-    except ModuleNotFoundError as e:
-        if e.name not in ("tandem_rlvr.world.problems", "tandem_rlvr.world"):
-            raise
-        raise DataError(
-            f"data: world/{split_name}: the built-in world (tandem_rlvr.world.problems) is not available"
-        ) from e
-    load_split = getattr(problems, "load_split", None)
-    if load_split is None:
-        raise DataError("data: tandem_rlvr.world.problems has no load_split(split_name)")
-    examples = list(load_split(split_name))
+        raise DataError(f"data: '{name}/<split>' needs a split name, e.g. '{name}/train'")
+    if name not in _SOURCES:
+        raise DataError(f"data: {name}/{split_name}: no data source {name!r} is registered "
+                        f"(registered: {', '.join(sorted(_SOURCES)) or 'none'})")
+    examples = list(_SOURCES[name](split_name))
     return examples if limit is None else examples[:limit]
 
 
@@ -449,8 +448,9 @@ def load_examples(
         raise DataError(f"data: answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
     if not isinstance(source, str) or not source:
         raise DataError(f"data: source must be a benchmark name, a file path or world/<split>, got {source!r}")
-    if source.startswith("world/") or source == "world":
-        return _load_world(source[len("world/"):] if source != "world" else (split or ""), limit)
+    head, _, rest = source.partition("/")
+    if head in _SOURCES or head == "world":
+        return _load_registered(head, rest if "/" in source else (split or ""), limit)
     if source in BENCHMARKS:
         return _load_benchmark(BENCHMARKS[source], split, max_problem_chars, limit)
     path = Path(source).expanduser()

@@ -29,7 +29,7 @@ DEFAULTS = {
     "temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_rounds": 150, "context": 4096, "split": None,
     "problem_key": "problem", "answer_key": "answer", "id_key": "id", "trust_remote_code": False,
     "dtype": "auto", "device": "auto", "reward_timeout_s": 2.0, "reward_workers": 2, "chunk_tokens": 1024,
-    "score_batch": 8, "progress": True, "overwrite": False, "engine": "hf", "vllm_memory": 0.3,
+    "score_batch": 8, "progress": True, "overwrite": False, "engine": "hf", "mode": "lockstep", "vllm_memory": 0.3,
 }
 LIST_KEYS = ("senior", "benchmark")
 
@@ -70,6 +70,8 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     a("--score-batch", type=int, default=None, help="chains per teacher-forced scoring forward (default 8)")
     a("--engine", choices=("hf", "vllm"), default=None,
       help="sampler of the solo and step-handoff chains: hf (in-process, default) or vllm (tandem-rlvr[vllm])")
+    a("--mode", choices=("lockstep", "catchup"), default=None,
+      help="how the in-process engine keeps both models in step (see config-help rollout.mode; default lockstep)")
     a("--vllm-memory", type=float, default=None, help="share of the GPU each vLLM engine may take (default 0.3)")
     a("--no-progress", dest="progress", action="store_const", const=False, default=None)
     a("--overwrite", dest="overwrite", action="store_const", const=True, default=None,
@@ -110,6 +112,7 @@ class EvalOptions:
     progress: bool = True
     overwrite: bool = False
     engine: str = "hf"
+    mode: str = "lockstep"
     vllm_memory: float = 0.3
 
 
@@ -240,7 +243,7 @@ def _stamp(path: str) -> list:
 
 def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples) -> str:
     keys = ("n", "max_new_tokens", "seed", "batch_size", "reward", "curve_ps", "temperature", "top_p", "top_k",
-            "max_rounds", "context", "dtype", "device", "engine")
+            "max_rounds", "context", "dtype", "device", "engine")  # not mode: both give the same chains
     blob = {k: getattr(opts, k) for k in keys}
     blob.update(senior=[senior_path, _stamp(senior_path)], junior=[opts.junior, _stamp(opts.junior)], source=source,
                 data=hashlib.sha256(json.dumps([[str(e.id), e.problem, str(e.answer)] for e in examples]).encode()).hexdigest())
@@ -293,15 +296,14 @@ def _vllm_llm(opts: EvalOptions, path: str, dtype: str):
                     max_model_len=opts.context, trust_remote_code=opts.trust_remote_code)
 
 
-def _engine(opts: EvalOptions, path: str, dtype: str, junior_llm, tok, senior):
-    """The VLLMEngine of one senior (``None`` for ``--engine hf``)."""
-    if junior_llm is None:
-        return None
+def _engine(opts: EvalOptions, path: str, dtype: str, junior_llm, tok, senior, junior):
+    """The rollout engine of one senior: in-process in ``--mode``, or the vLLM engines then in-process."""
+    from tandem_rlvr.engines.factory import eval_engine
     from tandem_rlvr.models import eos_ids
-    from tandem_rlvr.vllm_backend import VLLMEngine
 
-    return VLLMEngine(_vllm_llm(opts, path, dtype), junior_llm, eos_token_ids=eos_ids(tok, senior),
-                      pad_token_id=tok.pad_token_id)
+    llms = (_vllm_llm(opts, path, dtype), junior_llm) if opts.engine == "vllm" else None
+    return eval_engine(opts.engine, opts.mode, senior, junior, eos_token_ids=eos_ids(tok, senior),
+                       pad_token_id=tok.pad_token_id, vllm_llms=llms)
 
 
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
@@ -328,7 +330,7 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
         if senior is None:
             senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
                                            role=f"senior {name!r}")).to(device)
-            engine = _engine(opts, path, dtype, junior_llm, tok, senior)
+            engine = _engine(opts, path, dtype, junior_llm, tok, senior, junior)
         t0 = time.perf_counter()
         with AtomicJsonl(chains) as sink:
             metrics, _ = evaluate_pair(senior, junior, tok, examples, scorer=scorer, sink=sink.write,

@@ -21,8 +21,7 @@ start with the very tokens the solo chains start with, which lowers the variance
 word-level tandem at p = 1 is token-for-token the solo run, so the curve's p = 1 point reuses it.
 Results are a pure function of (models, data, seed, batch size) on CPU.
 
-The command line lives in :mod:`tandem_rlvr.eval_cli`; :func:`add_eval_args` and
-:func:`run_from_args` are re-exported here for ``tandem-rlvr eval``.
+The command line (``tandem-rlvr eval``) lives in :mod:`tandem_rlvr.eval_cli`, which calls this module.
 """
 
 from __future__ import annotations
@@ -37,8 +36,10 @@ import torch
 
 from tandem_rlvr import metrics as M
 from tandem_rlvr.data import encode_prompts
+from tandem_rlvr.engines.base import PromptBatch
+from tandem_rlvr.engines.inprocess import InProcessEngine
 from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Rollout, Sampling, generate
+from tandem_rlvr.rollout import Rollout, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ CURVE_PS = (1.0, 0.75, 0.5, 0.25)
 
 __all__ = [
     "CURVE_PS", "MAX_ROUNDS", "chain_scores", "drift_kl", "encode_prompts", "eval_sampling",
-    "evaluate_pair", "junior_legibility", "open_scorer", "solo_eval", "validate", "add_eval_args", "run_from_args",
+    "evaluate_pair", "junior_legibility", "open_scorer", "solo_eval", "validate",
 ]
 
 
@@ -228,16 +229,6 @@ def open_scorer(reward: str, timeout_s: float = 2.0, num_workers: int = 2):
     return RewardScorer(reward, num_workers=num_workers, **{limit_kw: timeout_s})
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    P = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), P), int(pad_id), dtype=torch.long)
-    mask = torch.zeros(len(seqs), P, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, P - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, P - len(s):] = 1
-    return ids.to(device), mask.to(device)
-
-
 def _batch_seed(seed: int, tag: str, b: int) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(tag.encode()) * 7919 + b * 104_729) % (2**31 - 1)
 
@@ -266,7 +257,7 @@ class _Job:
     sink: Callable | None = None
     keep_chains: bool = True
     chains: list = field(default_factory=list)
-    engine: object = None  # a VLLMEngine for the solo and step-handoff modes (None: in-process)
+    engine: object = None  # the rollout engine (tandem_rlvr.engines); in-process lockstep when None
 
     def batches(self) -> list[list[tuple[int, int]]]:
         """(problem, sample) rows, problems in prompt-length order so a batch pads little."""
@@ -297,16 +288,12 @@ def _run_mode(job: _Job, mode: str, schedule, *, max_rounds: int | None = None, 
                dynamic_ncols=True, leave=False)
     tag = str(job.labels.get("benchmark", ""))
     for b, rows in enumerate(job.batches()):
-        ids, mask = _left_pad([job.prompts[pi] for pi, _ in rows], pad, device)
+        prompts = PromptBatch.left_padded([job.prompts[pi] for pi, _ in rows], pad, device)
         budget = job.sampling.max_new_tokens
         if job.context is not None:
-            budget = max(1, min(budget, job.context - ids.shape[1]))
+            budget = max(1, min(budget, job.context - prompts.ids_BP.shape[1]))
         sampling, seed = replace(job.sampling, max_new_tokens=budget), _batch_seed(job.seed, tag, b)
-        if job.engine is not None and job.engine.serves(schedule):
-            ro = job.engine.generate(ids, mask, schedule, sampling, seed=seed, max_rounds=max_rounds)
-        else:
-            ro = generate(job.senior, job.junior, ids, mask, schedule, sampling, eos_token_ids=job.eos,
-                          pad_token_id=pad, seed=seed, max_rounds=max_rounds, record_junior=False)
+        ro = job.engine.generate(prompts, schedule, sampling, seed=seed, max_rounds=max_rounds)
         texts = ro.texts(job.tokenizer)
         rewards = job.grader.grade(texts, [job.golds[pi] for pi, _ in rows])
         sc = chain_scores(job.senior, job.junior, ro, chunk_tokens=job.chunk_tokens, score_batch=job.score_batch) if score else None
@@ -378,10 +365,13 @@ def _make_job(senior, junior, tokenizer, examples, *, n, sampling, seed, reward_
     keep, prompts = encode_prompts(tokenizer, examples, max_prompt_tokens=limit)
     if not prompts:
         raise ValueError(f"no evaluation prompt left for {labels or 'this run'} (0 of {len(examples)} fit)")
+    eos = eos_ids(tokenizer, senior)
+    if kw.get("engine") is None:
+        kw["engine"] = InProcessEngine(senior, junior, eos_token_ids=eos, pad_token_id=tokenizer.pad_token_id)
     job = _Job(senior=senior, junior=junior, tokenizer=tokenizer, prompts=prompts,
                golds=[str(examples[i].answer) for i in keep], ids=[str(examples[i].id) for i in keep],
                n=n, sampling=sampling, seed=seed, batch_size=batch_size, grader=_Grader(reward_fn, scorer),
-               eos=eos_ids(tokenizer, senior), context=context, labels=dict(labels or {}),
+               eos=eos, context=context, labels=dict(labels or {}),
                progress=progress, sink=sink, **kw)
     return job, len(examples) - len(keep)
 
@@ -398,9 +388,10 @@ def evaluate_pair(senior, junior, tokenizer, examples: Sequence, *, n: int = 8, 
     sampled chain as a dict (``labels`` are copied into each; ``sink`` is also called with each as
     soon as it is graded; ``keep_chains=False`` returns an empty list instead). Grading uses exactly one of ``reward_fn(completion, gold)`` or a
     ``scorer`` with ``.score(texts, golds) -> (rewards, stats)``. ``curve_ps`` empty/None skips the
-    curve. The prompt plus response never exceeds ``context`` tokens. ``engine``: a
-    :class:`~tandem_rlvr.vllm_backend.VLLMEngine` over the same two models that samples the solo and
-    step-handoff chains (scoring and the word-handoff curve stay in-process).
+    curve. The prompt plus response never exceeds ``context`` tokens. ``engine``: the rollout engine
+    over the same two models that samples every chain (:func:`tandem_rlvr.engines.factory.eval_engine`;
+    default: in-process lockstep); it must serve ``none``, ``alternate`` and, for the curve, ``word``.
+    Scoring runs in-process.
     """
     sampling = sampling or eval_sampling()
     job, skipped = _make_job(senior, junior, tokenizer, examples, n=n, sampling=sampling, seed=seed,
@@ -483,17 +474,3 @@ def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = Non
     out["val/n_problems"] = m["n_problems"]
     log.info("validation at step %d: pass@1 = %.4f on %d problems", step, out["val/pass@1"], m["n_problems"])
     return out
-
-
-def add_eval_args(parser) -> None:
-    """Add the ``tandem-rlvr eval`` arguments to ``parser`` (see :mod:`tandem_rlvr.eval_cli`)."""
-    from tandem_rlvr.eval_cli import add_eval_args as _add
-
-    _add(parser)
-
-
-def run_from_args(args) -> int:
-    """Run ``tandem-rlvr eval`` from parsed arguments (see :mod:`tandem_rlvr.eval_cli`)."""
-    from tandem_rlvr.eval_cli import run_from_args as _run
-
-    return _run(args)

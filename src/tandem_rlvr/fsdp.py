@@ -28,7 +28,8 @@ import contextlib
 
 import torch
 
-MODES = ("off", "full", "zero2")
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.names import FSDP_MODES as MODES
 
 
 def shard(model, mode: str, mixed_precision: str = "no"):
@@ -64,8 +65,6 @@ def _decoder_layers(model) -> list:
             node = getattr(node, attr, None)
         if isinstance(node, torch.nn.ModuleList) and len(node):
             return list(node)
-    from tandem_rlvr.errors import TandemError
-
     raise TandemError(f"train.fsdp: cannot find the decoder layers of {type(model).__name__} "
                       "(looked for model.layers, model.decoder.layers, transformer.h, gpt_neox.layers)")
 

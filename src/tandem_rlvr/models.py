@@ -15,12 +15,11 @@ from pathlib import Path
 
 import torch
 
+from tandem_rlvr.errors import ModelLoadError  # noqa: F401 (raised here; also importable from here)
+
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-class ModelLoadError(ValueError):
-    """A model or tokenizer could not be loaded or paired; the message names it."""
 
 
 WORLD_MODELS = ("world:senior", "world:junior")

@@ -41,9 +41,10 @@ from transformers import DynamicCache
 
 from tandem_rlvr import fastpath
 from tandem_rlvr.fastpath import _adapter_off_call, _buffer_cache, gqa_attention
-from tandem_rlvr.handoff import Schedule
+from tandem_rlvr.handoff import SCHEDULE_SEED_OFFSET, Schedule, over_rounds
 
-SCHEDULE_SEED_OFFSET = 1_000_003
+__all__ = ["MODES", "SCHEDULE_SEED_OFFSET", "Rollout", "Sampling", "concat_rollouts", "generate", "gqa_attention",
+           "sample_tokens"]
 MODES = ("lockstep", "catchup")
 LOGITS_BUDGET = 1 << 26  # max elements of one catch-up forward's (B, w, V) logits; longer windows are chunked
 
@@ -276,69 +277,91 @@ def generate(
     run_junior = junior is not None and (schedule.uses_junior or record_junior)
     _check_vocab(senior, junior if run_junior else None, schedule.table.vocab_size if schedule.table else None)
     device = prompt_ids_BP.device
-    B, P, n_new = prompt_ids_BP.shape[0], prompt_ids_BP.shape[1], sampling.max_new_tokens
-    gen_tok = torch.Generator().manual_seed(int(seed))
-    gen_sched = torch.Generator().manual_seed(int(seed) + SCHEDULE_SEED_OFFSET)
-    eos = torch.tensor(sorted({int(e) for e in eos_token_ids}), dtype=torch.long, device=device)
-
     models = [senior] + ([junior] if run_junior else [])
     fast = [device.type in fastpath.FAST_PATH_DEVICES and fastpath._fast_ok(m) for m in models]
-    pad_BL = torch.ones(B, P + n_new, dtype=torch.bool, device=device)
+    P, n_new = prompt_ids_BP.shape[1], sampling.max_new_tokens
+    pad_BL = torch.ones(prompt_ids_BP.shape[0], P + n_new, dtype=torch.bool, device=device)
     pad_BL[:, :P] = prompt_mask_BP.bool()
     with gqa_attention(*[m for m, f in zip(models, fast) if f]):
         decs = [_Decoder(m, prompt_ids_BP, prompt_mask_BP, n_new=n_new, pad_BL=pad_BL,
                          temperature=sampling.temperature, fast=f) for m, f in zip(models, fast)]
-        s_dec, j_dec = decs[0], (decs[1] if run_junior else None)
-        state = schedule.start(B, gen_sched)
-        ids = torch.full((B, n_new), pad_token_id, dtype=torch.long, device=device)
-        owner = torch.zeros(B, n_new, dtype=torch.long, device=device)
-        alive_BT = torch.zeros(B, n_new, dtype=torch.long, device=device)
-        done = torch.zeros(B, dtype=torch.bool, device=device)
-        hit_eos = torch.zeros(B, dtype=torch.bool, device=device)
-        pad_tok = torch.full((B,), pad_token_id, dtype=torch.long, device=device)
-        rounds = state.rounds_B.clone()
-        lockstep = mode == "lockstep"
+        run = _CoWrite(decs, schedule, sampling, seed=seed, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+                       max_rounds=max_rounds, lockstep=mode == "lockstep", device=device)
+        run.run()
+    return run.rollout(prompt_ids_BP, prompt_mask_BP)
+
+
+class _CoWrite:
+    """The decoding loop of :func:`generate`: buffers, the schedule's state and one step per token."""
+
+    def __init__(self, decs: list[_Decoder], schedule: Schedule, sampling: Sampling, *, seed: int, eos_token_ids,
+                 pad_token_id: int, max_rounds: int | None, lockstep: bool, device):
+        self.decs, self.schedule, self.sampling = decs, schedule, sampling
+        self.s_dec, self.j_dec = decs[0], (decs[1] if len(decs) > 1 else None)
+        self.max_rounds, self.lockstep, self.device = max_rounds, lockstep, device
+        B, n_new = decs[0].logps_BT.shape
+        self.gen_tok = torch.Generator().manual_seed(int(seed))
+        self.coins = schedule.coins(B, seed)
+        self.state = schedule.start(self.coins)
+        self.eos = torch.tensor(sorted({int(e) for e in eos_token_ids}), dtype=torch.long, device=device)
+        self.ids = torch.full((B, n_new), pad_token_id, dtype=torch.long, device=device)
+        self.owner = torch.zeros(B, n_new, dtype=torch.long, device=device)
+        self.alive_BT = torch.zeros(B, n_new, dtype=torch.long, device=device)
+        self.done = torch.zeros(B, dtype=torch.bool, device=device)
+        self.hit_eos = torch.zeros(B, dtype=torch.bool, device=device)
+        self.pad_tok = torch.full((B,), pad_token_id, dtype=torch.long, device=device)
+        self.rounds = self.state.rounds_B.clone()
+
+    def _logits(self, t: int, author: torch.Tensor) -> torch.Tensor:
+        """Bring the models that must run at step ``t`` up to date; the authors' next-token logits."""
+        if self.lockstep or self.j_dec is None:
+            need_s, need_j = True, self.j_dec is not None
+        else:  # catch-up: a model runs only where it writes for some live row
+            need_s = bool((author & ~self.done).any())
+            need_j = bool((~author & ~self.done).any())
+        if need_s:
+            self.s_dec.sync(self.ids, t, t)
+        if need_j:
+            self.j_dec.sync(self.ids, t, t)
+        if need_s and need_j:
+            return torch.where(author[:, None], self.s_dec.logits_BV, self.j_dec.logits_BV)
+        return self.s_dec.logits_BV if need_s else self.j_dec.logits_BV
+
+    def step(self, t: int) -> bool:
+        """Sample response column ``t``; True once every row is done."""
+        author = self.state.author_B.to(self.device)
+        tok = torch.where(self.done, self.pad_tok, sample_tokens(self._logits(t, author), self.sampling, self.gen_tok))
+        live = ~self.done
+        self.ids[:, t], self.alive_BT[:, t], self.owner[:, t] = tok, live.long(), (author & live).long()
+        for d in self.decs:
+            d.record(t, tok)
+        self.state = self.schedule.advance(self.state, tok, self.coins)
+        self.rounds = torch.where(self.done.cpu(), self.rounds, self.state.rounds_B)
+        self.hit_eos = self.hit_eos | (torch.isin(tok, self.eos) & live)
+        self.done = self.done | self.hit_eos | over_rounds(self.state.rounds_B, self.max_rounds).to(self.device)
+        return bool(self.done.all())
+
+    def run(self) -> None:
         t = 0
-        for t in range(n_new):
-            author = state.author_B.to(device)
-            if lockstep or j_dec is None:
-                need_s, need_j = True, j_dec is not None
-            else:  # catch-up: a model runs only where it writes for a live row
-                need_s = bool((author & ~done).any())
-                need_j = bool((~author & ~done).any())
-            if need_s:
-                s_dec.sync(ids, t, t)
-            if need_j:
-                j_dec.sync(ids, t, t)
-            if need_s and need_j:
-                logits = torch.where(author[:, None], s_dec.logits_BV, j_dec.logits_BV)
-            else:
-                logits = s_dec.logits_BV if need_s else j_dec.logits_BV
-            tok = torch.where(done, pad_tok, sample_tokens(logits, sampling, gen_tok))
-            live = ~done
-            ids[:, t], alive_BT[:, t], owner[:, t] = tok, live.long(), (author & live).long()
-            for d in decs:
-                d.record(t, tok)
-            state = schedule.advance(state, tok, gen_sched)
-            rounds = torch.where(done.cpu(), rounds, state.rounds_B)
-            hit_eos = hit_eos | (torch.isin(tok, eos) & live)
-            done = done | hit_eos
-            if max_rounds is not None:
-                done = done | (state.rounds_B > max_rounds).to(device)
-            if bool(done.all()):
+        for t in range(self.ids.shape[1]):
+            if self.step(t):
                 break
-        for d in decs:  # models that sat out the last steps read (and score) the tokens they missed
-            d.sync(ids, t, t + 1)
-    T = int(alive_BT.sum(0).nonzero().max()) + 1 if bool(alive_BT.any()) else 1
-    alive = alive_BT[:, :T]
-    return Rollout(
-        prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP,
-        response_ids_BT=ids[:, :T], response_mask_BT=alive,
-        owner_BT=owner[:, :T], senior_logps_BT=s_dec.logps_BT[:, :T] * alive,
-        junior_logps_BT=(j_dec.logps_BT[:, :T] * alive) if j_dec is not None else None,
-        rounds_B=torch.minimum(rounds, torch.full_like(rounds, max_rounds or 10**9)),
-        finished_B=hit_eos, schedule=schedule.name,
-    )
+        for d in self.decs:  # models that sat out the last steps read (and score) the tokens they missed
+            d.sync(self.ids, t, t + 1)
+
+    def rollout(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor) -> Rollout:
+        alive_BT = self.alive_BT
+        T = int(alive_BT.sum(0).nonzero().max()) + 1 if bool(alive_BT.any()) else 1
+        alive = alive_BT[:, :T]
+        rounds = self.rounds
+        return Rollout(
+            prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP,
+            response_ids_BT=self.ids[:, :T], response_mask_BT=alive,
+            owner_BT=self.owner[:, :T], senior_logps_BT=self.s_dec.logps_BT[:, :T] * alive,
+            junior_logps_BT=(self.j_dec.logps_BT[:, :T] * alive) if self.j_dec is not None else None,
+            rounds_B=torch.minimum(rounds, torch.full_like(rounds, self.max_rounds or 10**9)),
+            finished_B=self.hit_eos, schedule=self.schedule.name,
+        )
 
 
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:

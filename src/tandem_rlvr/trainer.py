@@ -25,7 +25,9 @@ from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.io import append_jsonl
 from tandem_rlvr.rewards import import_reward
 from tandem_rlvr.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask, sequence_logps  # noqa: F401 (API)
-from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts, generate
+from tandem_rlvr.engines.base import PromptBatch
+from tandem_rlvr.engines.factory import training_engine
+from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +86,11 @@ class Trainer:
         self.junior = self.pair.junior
         if hasattr(self.junior, "to"):
             self.junior.to(self.acc.device)
-        self.vllm = vllm_engine
-        if self.vllm is None and cfg.rollout.engine == "vllm":
-            from tandem_rlvr.vllm_backend import training_engine
-
-            self.vllm = training_engine(cfg, uses_junior=self.plan.schedule != "none", eos_token_ids=self.eos,
-                                        pad_token_id=self.tok.pad_token_id, num_processes=self.acc.num_processes)
+        self.engine = training_engine(cfg, self.pair, self.acc.unwrap_model(self.senior), self.schedule,
+                                      eos_token_ids=self.eos, num_processes=self.acc.num_processes,
+                                      vllm_engine=vllm_engine)
+        self.engine.check(self.schedule)
+        self.scorer = None
         self.step = 0
         self.nonfinite_run = 0
         self.best = {"val": None, "step": None}
@@ -164,28 +165,19 @@ class Trainer:
         senior = self.acc.unwrap_model(self.senior)
         senior.eval()
         with fsdp.gathered(senior):
-            return self._rollout_chunks(senior, local, chunk_prompts, sampling, step)
+            return self._rollout_chunks(local, chunk_prompts, sampling, step)
 
-    def _rollout_chunks(self, senior, local, chunk_prompts: int, sampling: Sampling, step: int):
+    def _rollout_chunks(self, local, chunk_prompts: int, sampling: Sampling, step: int):
         cfg, G = self.cfg, self.cfg.algo.group_size
         parts, idx = [], []
         for c in range(0, len(local), chunk_prompts):
             chunk = local[c:c + chunk_prompts]
             rows = [i for _, i in chunk for _ in range(G)]
-            if self.bridge:
-                parts.append(self._bridge_rollout(senior, rows, sampling, _step_seed(cfg.train.seed, step) + chunk[0][0]))
-                idx.extend(rows)
-                continue
-            enc = self.tok.pad({"input_ids": [self.prompts[i] for i in rows]}, return_tensors="pt", padding=True)
-            ids, mask = enc["input_ids"].to(self.acc.device), enc["attention_mask"].to(self.acc.device)
-            seed = _step_seed(cfg.train.seed, step) + chunk[0][0]
+            prompts = PromptBatch.left_padded([self.prompts[i] for i in rows], self.tok.pad_token_id, self.acc.device,
+                                              [self.examples[self.prompt_example[i]].problem for i in rows])
             try:
-                if self.vllm is not None:
-                    parts.append(self.vllm.generate(ids, mask, self.schedule, sampling, seed=seed))
-                else:
-                    parts.append(generate(senior, self.junior, ids, mask, self.schedule, sampling, eos_token_ids=self.eos,
-                                          pad_token_id=self.tok.pad_token_id, seed=seed,
-                                          record_junior=self.plan.schedule != "none"))
+                parts.append(self.engine.generate(prompts, self.schedule, sampling,
+                                                  seed=_step_seed(cfg.train.seed, step) + chunk[0][0]))
             except RuntimeError as e:
                 if "probability tensor" not in str(e):
                     raise
@@ -195,27 +187,16 @@ class Trainer:
             idx.extend(rows)
         return concat_rollouts(parts, self.tok.pad_token_id), idx
 
-    def _bridge_rollout(self, senior, rows: list[int], sampling: Sampling, seed: int) -> Rollout:
-        """Co-write through text with a junior of another tokenizer (step / alternate schedules)."""
-        from tandem_rlvr.bridge import bridge_generate, make_side
-        from tandem_rlvr.data import render_prompt
-
-        problems = [self.examples[self.prompt_example[i]].problem for i in rows]
-        jtok = self.pair.junior_tokenizer
-        out = bridge_generate(
-            make_side(senior, self.tok, self.eos), make_side(self.junior, jtok),
-            [render_prompt(self.tok, p) for p in problems], [render_prompt(jtok, p) for p in problems],
-            self.cfg.handoff.schedule, sampling, p=self.cfg.handoff.p, seed=seed, score=False,
-        )
-        return out.rollout
-
     def rewards(self, texts: list[str], idx: list[int]) -> tuple[torch.Tensor, dict]:
         """Score every co-written response against its gold answer."""
         golds = [self.examples[self.prompt_example[i]].answer for i in idx]
         if self.reward_fn is not None:
             vals, stats = [float(self.reward_fn(t, g)) for t, g in zip(texts, golds)], {}
-        else:
+        elif self.scorer is not None:  # train() keeps one open for the whole run
             vals, stats = self.scorer.score(texts, golds)
+        else:
+            with self._scorer() as scorer:
+                vals, stats = scorer.score(texts, golds)
         out = torch.tensor(vals, dtype=torch.float)
         if not torch.isfinite(out).all():
             name = getattr(self.reward_fn, "__name__", None) or self.cfg.data.reward
@@ -250,7 +231,6 @@ class Trainer:
 
     def _minibatch(self, rollout, rows, old, junior_lp, adv_B, mask) -> dict:
         cfg, plan, n_proc = self.cfg, self.plan, self.acc.num_processes
-        token_mean = cfg.algo.loss_type in ("dapo", "token_mean")
         n_tok = dist.reduce_scalar(self.acc, float(mask[rows].sum()), "sum")
         max_len = int(dist.reduce_scalar(self.acc, float(rollout.response_mask_BT[rows].sum(-1).max()), "max"))
         micro = cfg.algo.micro_batch or len(rows)
@@ -265,20 +245,16 @@ class Trainer:
                 ref_logps_BT=junior_lp[r] if plan.kl_beta > 0 else None,
                 num_tokens=n_tok, max_len=max_len, allow_empty=True,
             )
-            # A chunk's share of this process's mini-batch loss: token-mean losses already divide by the
-            # global token count; per-sequence means are weighted by the chunk's share of rows. DDP and
-            # FSDP average gradients over processes, so token-mean losses are scaled by the process count.
-            share = 1.0 if token_mean else len(r) / len(rows)
+            weight, share = core.chunk_weight(cfg.algo.loss_type, len(r), len(rows), n_proc)
             with dist.no_sync_unless_last(self.acc, self.senior, i == len(chunks) - 1):
-                self.acc.backward(loss * (float(n_proc) if token_mean else share))
+                self.acc.backward(loss * weight)
             met = {k: _num(v) for k, v in met.items()}
             parts.append(met | {"train/loss": _num(loss) * share, "train/pg_loss": met["train/pg_loss"] * share})
         grad_norm = self._clip_and_step()
         summed = {"train/loss", "train/pg_loss", "train/num_tokens"}  # add up over the chunks
         out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in set().union(*parts) - summed}
         out.update({k: float(sum(p.get(k, 0.0) for p in parts)) for k in summed})
-        # token-mean shares add up over processes, per-sequence means average (pg_loss: in reduce_row)
-        scale = n_proc if token_mean else 1
+        scale = core.process_scale(cfg.algo.loss_type, n_proc)  # pg_loss is averaged over processes in reduce_row
         out["train/loss"] = dist.reduce_scalar(self.acc, out["train/loss"], "mean") * scale
         out["train/pg_loss"] *= scale
         out["train/grad_norm"] = grad_norm
@@ -309,9 +285,8 @@ class Trainer:
         return norm
 
     def _push_to_engine(self) -> None:
-        """Load the senior's current weights into the vLLM senior engine (no-op in-process)."""
-        if self.vllm is not None:
-            self.vllm.push_senior(self.acc.unwrap_model(self.senior))
+        """Give the rollout engine the senior's current weights (engines with their own copy load them)."""
+        self.engine.sync_senior(self.acc.unwrap_model(self.senior))
 
     def train_step(self, step: int) -> dict:
         """One full step; returns its metrics row."""
@@ -362,12 +337,15 @@ class Trainer:
                    disable=not (cfg.train.progress and self.acc.is_main_process), dynamic_ncols=True)
         with self._scorer() as scorer:
             self.scorer = scorer
-            while self.step < cfg.train.steps:
-                row = self.train_step(self.step)
-                self.step += 1
-                self._after_step(row)
-                bar.update(1)
-                bar.set_postfix(reward=f"{row['reward/mean']:.3f}", senior=f"{row['rollout/senior_token_frac']:.2f}")
+            try:
+                while self.step < cfg.train.steps:
+                    row = self.train_step(self.step)
+                    self.step += 1
+                    self._after_step(row)
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{row['reward/mean']:.3f}", senior=f"{row['rollout/senior_token_frac']:.2f}")
+            finally:
+                self.scorer = None
         bar.close()
         return self._finish()
 

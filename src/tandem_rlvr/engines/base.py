@@ -1,0 +1,89 @@
+"""The rollout-engine interface: ``serves(schedule)`` and ``generate(prompts, schedule, sampling, seed)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from tandem_rlvr.engines.serving import Serves
+
+if TYPE_CHECKING:
+    from tandem_rlvr.handoff import Schedule
+    from tandem_rlvr.rollout import Rollout, Sampling
+
+
+@dataclass
+class PromptBatch:
+    """Left-padded senior-token prompts, and (for engines that re-render them, e.g. the text bridge)
+    the problems they were rendered from."""
+
+    ids_BP: torch.Tensor
+    mask_BP: torch.Tensor
+    problems: list[str] | None = None
+
+    @classmethod
+    def left_padded(cls, seqs: Sequence[Sequence[int]], pad_id: int, device=None,
+                    problems: list[str] | None = None) -> PromptBatch:
+        """Left-pad token-id lists to one width (on ``device``)."""
+        width = max(1, max(len(s) for s in seqs))
+        ids = torch.full((len(seqs), width), int(pad_id), dtype=torch.long)
+        mask = torch.zeros(len(seqs), width, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            if len(s):
+                ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
+                mask[i, width - len(s):] = 1
+        return cls(ids.to(device), mask.to(device), problems)
+
+    def rows(self) -> list[list[int]]:
+        """The prompts without their padding."""
+        return [row[m.bool()].tolist() for row, m in zip(self.ids_BP.cpu(), self.mask_BP.cpu())]
+
+
+class Engine(Protocol):
+    """Anything that co-writes rollouts. ``serving`` declares the schedules it serves (the config asks it)."""
+
+    serving: Serves
+
+    def serves(self, schedule: Schedule) -> bool: ...
+
+    def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,
+                 max_rounds: int | None = None) -> Rollout: ...
+
+    def sync_senior(self, model) -> None: ...
+
+
+class EngineBase:
+    """``serves`` / ``check`` from the class's ``serving`` declaration, and a no-op ``sync_senior``."""
+
+    serving: Serves
+
+    def serves(self, schedule: Schedule) -> bool:
+        return self.serving.refusal(schedule.name) is None
+
+    def check(self, schedule: Schedule) -> None:
+        """Raise an error naming this engine and ``schedule`` unless it is served."""
+        self.serving.check(schedule.name)
+
+    def sync_senior(self, model) -> None:
+        """Engines that hold their own copy of the senior's weights load ``model``'s here (after updates)."""
+
+
+class FirstServing(EngineBase):
+    """Routes each schedule to the first of ``engines`` that serves it (e.g. vLLM, then in-process)."""
+
+    def __init__(self, *engines: Engine):
+        self.engines = engines
+        names = dict.fromkeys(s for e in engines for s in e.serving.schedules)
+        self.serving = Serves(" then ".join(e.serving.engine for e in engines), tuple(names))
+
+    def generate(self, prompts, schedule, sampling, *, seed=0, max_rounds=None):
+        self.check(schedule)
+        engine = next(e for e in self.engines if e.serves(schedule))
+        return engine.generate(prompts, schedule, sampling, seed=seed, max_rounds=max_rounds)
+
+    def sync_senior(self, model) -> None:
+        for e in self.engines:
+            e.sync_senior(model)

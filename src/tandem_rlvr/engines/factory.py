@@ -1,0 +1,42 @@
+"""The one place that picks a rollout engine from a setting (training config or evaluation options)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tandem_rlvr.engines.base import Engine, FirstServing
+from tandem_rlvr.engines.inprocess import InProcessEngine
+
+
+def training_engine(cfg, pair, senior, schedule, *, eos_token_ids: Sequence[int], num_processes: int = 1,
+                    vllm_engine=None) -> Engine:
+    """The engine of a training run (rolling out ``schedule``): the text bridge for a junior with another tokenizer, else
+    ``rollout.engine`` (``hf``: in-process in ``rollout.mode``, recording the junior's log-probs of
+    tandem rollouts; ``vllm``: ``vllm_engine`` or new vLLM engines)."""
+    pad = pair.tokenizer.pad_token_id
+    if pair.junior_tokenizer is not None:
+        from tandem_rlvr.bridge import BridgeEngine
+
+        return BridgeEngine(senior, pair.tokenizer, pair.junior, pair.junior_tokenizer, eos_token_ids=eos_token_ids)
+    if cfg.rollout.engine == "vllm":
+        if vllm_engine is not None:
+            return vllm_engine
+        from tandem_rlvr.vllm_backend import training_engine as vllm_engines
+
+        return vllm_engines(cfg, uses_junior=schedule.name != "none", eos_token_ids=eos_token_ids, pad_token_id=pad,
+                            num_processes=num_processes)
+    return InProcessEngine(senior, pair.junior, eos_token_ids=eos_token_ids, pad_token_id=pad, mode=cfg.rollout.mode,
+                           record_junior=True)
+
+
+def eval_engine(kind: str, mode: str, senior, junior, *, eos_token_ids: Sequence[int], pad_token_id: int,
+                vllm_llms=None) -> Engine:
+    """The engine of an evaluation: in-process (``kind`` ``hf``, in ``mode``), or for ``vllm`` the vLLM
+    engines ``vllm_llms = (senior_llm, junior_llm)`` for what they serve, then in-process for the rest
+    (the word-handoff curve)."""
+    local = InProcessEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, mode=mode)
+    if kind != "vllm":
+        return local
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    return FirstServing(VLLMEngine(*vllm_llms, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id), local)
