@@ -35,12 +35,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tandem_rlvr.core import token_logps
 from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import BRIDGE
 from tandem_rlvr.errors import BridgeError
 from tandem_rlvr.handoff import STEP_END, CoinStream, Schedule, SequenceSchedule, TokenTable, step_end, token_table
-from tandem_rlvr.rollout import Rollout, Sampling, _Stream, sample_tokens
+from tandem_rlvr.rollout import Rollout, Sampling, _logp_of, _Stream, rollout_from_rows, sample_tokens
 
 __all__ = ["BridgeEngine", "BridgeError", "BridgeRollout", "bridge_generate", "check_bridge_schedule", "decode_turn",
            "make_side", "senior_token_owner", "tokenizers_differ"]
@@ -260,23 +259,11 @@ def _to_rollout(senior: Side, ch: _Chains, prompt_ids: list[list[int]], schedule
             ids, own = ids + [eos_id], own + [int(ch.last_author[b])]
         rows_ids.append(ids)
         rows_own.append(own)
-    T = max(1, max(len(r) for r in rows_ids))
-    B = len(rows_ids)
-    ids_BT = torch.full((B, T), tok.pad_token_id, dtype=torch.long)
-    mask_BT, owner_BT = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
-    for b, (ids, own) in enumerate(zip(rows_ids, rows_own)):
-        ids_BT[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-        mask_BT[b, :len(ids)] = 1
-        owner_BT[b, :len(own)] = torch.tensor(own, dtype=torch.long)
     p_ids, p_mask = _left_pad(prompt_ids, tok.pad_token_id)
     dev = senior.model.get_output_embeddings().weight.device  # where the trainer's forwards run
-    return Rollout(
-        prompt_ids_BP=p_ids.to(dev), prompt_mask_BP=p_mask.to(dev), response_ids_BT=ids_BT.to(dev),
-        response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T),
-        junior_logps_BT=None,
-        rounds_B=torch.tensor([min(q.rounds, max_rounds or 10**9) for q in ch.sched], dtype=torch.long),
-        finished_B=torch.tensor(ch.finished), schedule=schedule,
-    )
+    return rollout_from_rows(p_ids.to(dev), p_mask.to(dev), rows_ids, rows_own, pad_token_id=tok.pad_token_id,
+                             rounds=[q.rounds for q in ch.sched], finished=ch.finished, max_rounds=max_rounds,
+                             schedule=schedule)
 
 
 @torch.inference_mode()
@@ -289,8 +276,9 @@ def score_senior(model, rollout: Rollout, temperature: float) -> torch.Tensor:
     P, T = rollout.prompt_ids_BP.shape[1], rollout.response_ids_BT.shape[1]
     logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
                    use_cache=False).logits
-    logps_BT = token_logps(logits[:, P - 1:P + T - 1], rollout.response_ids_BT.to(device),
-                           temperature=temperature if temperature > 0 else 1.0)
+    ids_BT = rollout.response_ids_BT.to(device)
+    logps_BT = torch.stack([_logp_of(logits[b, P - 1:P + T - 1], ids_BT[b], temperature)  # one row at a time
+                            for b in range(ids_BT.shape[0])])
     return logps_BT.cpu() * rollout.response_mask_BT.cpu()
 
 

@@ -139,6 +139,50 @@ class Config:
         return max(0.0, p - 0.2), min(1.0, p + 0.2)
 
 
+@dataclass
+class EvalOptions:
+    """The options of ``tandem-rlvr eval`` (flags, or the same keys in ``--config eval.yaml``), each
+    documented once here; the evaluation's defaults are these (METHOD.md §5)."""
+
+    seniors: dict = _f({}, "Seniors to evaluate, name -> local path or hub name (--senior [NAME=]PATH, repeatable).")
+    junior: str = _f("", "The frozen junior (local path or hub name).")
+    benchmarks: list = _f([], "Benchmark names (e.g. math500) or local JSONL/JSON/CSV/parquet files (--benchmark, repeatable).")
+    out: str = _f("eval_out", "Output directory: eval.json, eval.md, plots, chains/, parts/.")
+    n: int = _f(8, "Samples per problem.")
+    max_new_tokens: int = _f(3000, "Response budget shared by both authors.")
+    limit: int | None = _f(None, "First N problems of each benchmark (None = all).")
+    seed: int = _f(0, "Sampling seed.")
+    batch_size: int = _f(64, "Chains per generation call.")
+    reward: str = _f("math", "Reward function: math, gsm8k or boxed_exact.")
+    curve_ps: list = _f([1.0, 0.75, 0.5, 0.25], "P(senior) values of the word-handoff curve (--no-curve: none).")
+    temperature: float = _f(0.7, "Sampling temperature.")
+    top_p: float = _f(0.8, "Nucleus sampling threshold.")
+    top_k: int = _f(20, "Top-k sampling (0 = off).")
+    max_rounds: int = _f(150, "Handoff chains stop after this many turns.")
+    context: int = _f(4096, "Prompt + response token limit.")
+    split: str | None = _f(None, "Split of a named benchmark.")
+    problem_key: str = _f("problem", "Problem column of a local file.")
+    answer_key: str = _f("answer", "Answer column of a local file.")
+    id_key: str | None = _f("id", "Id column of a local file (the row index where missing).")
+    trust_remote_code: bool = _f(False, "Allow model code from the checkpoints to run.")
+    dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16 or float16.")
+    device: str = _f("auto", "auto, cpu, cuda, cuda:1, ...")
+    reward_timeout_s: float = _f(2.0, "Hard time limit of one answer check.")
+    reward_workers: int = _f(2, "Answer-checking worker processes.")
+    chunk_tokens: int = _f(1024, "Tokens per vocabulary-sized scoring chunk.")
+    score_batch: int = _f(8, "Chains per teacher-forced scoring forward.")
+    progress: bool = _f(True, "Show progress bars.")
+    overwrite: bool = _f(False, "Recompute finished (senior, benchmark) parts instead of reusing them.")
+    engine: str = _f("hf", "Sampler of the chains: hf (in-process) or vllm (solo and step-handoff chains on vLLM engines, the curve in-process; needs tandem-rlvr[vllm]).")
+    mode: str = _f("lockstep", "In-process engine mode, as rollout.mode: lockstep or catchup (same chains).")
+    vllm_memory: float = _f(0.3, "Share of the GPU each vLLM engine may take.")
+
+
+def eval_default(name: str) -> Any:
+    """The default of an evaluation option."""
+    return _default(next(f for f in dataclasses.fields(EvalOptions) if f.name == name))
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -319,11 +363,15 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 
 def describe() -> str:
-    """Every config key with its default and documentation, one per line."""
+    """Every config key with its default and documentation, one per line; then the eval options."""
     lines = []
     for section in dataclasses.fields(Config):
         for f in dataclasses.fields(section.type if isinstance(section.type, type) else typing.get_type_hints(Config)[section.name]):
             lines.append(f"{section.name}.{f.name} (default {_default(f)!r}): {f.metadata.get('doc', '')}")
+    lines.append("")
+    lines.append("tandem-rlvr eval options (flags --name-with-dashes, or keys of --config eval.yaml):")
+    for f in dataclasses.fields(EvalOptions):
+        lines.append(f"eval {f.name} (default {_default(f)!r}): {f.metadata.get('doc', '')}")
     return "\n".join(lines)
 
 

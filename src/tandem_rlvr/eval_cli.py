@@ -18,102 +18,49 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, fields
 from pathlib import Path
+
+from tandem_rlvr.config import EvalOptions, eval_default
+from tandem_rlvr.engines.serving import ENGINES, MODES
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = {
-    "senior": None, "junior": None, "benchmark": None, "out": "eval_out", "n": 8, "max_new_tokens": 3000,
-    "limit": None, "seed": 0, "batch_size": 64, "reward": "math", "curve": True, "curve_ps": "1.0,0.75,0.5,0.25",
-    "temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_rounds": 150, "context": 4096, "split": None,
-    "problem_key": "problem", "answer_key": "answer", "id_key": "id", "trust_remote_code": False,
-    "dtype": "auto", "device": "auto", "reward_timeout_s": 2.0, "reward_workers": 2, "chunk_tokens": 1024,
-    "score_batch": 8, "progress": True, "overwrite": False, "engine": "hf", "mode": "lockstep", "vllm_memory": 0.3,
-}
 LIST_KEYS = ("senior", "benchmark")
+_FLAG_ONLY = {"senior": None, "benchmark": None, "curve": True}  # --senior/--benchmark fill seniors/benchmarks
+DEFAULTS = {**{f.name: eval_default(f.name) for f in fields(EvalOptions) if f.name not in ("seniors", "benchmarks")},
+            **_FLAG_ONLY}
+
+
+def _h(name: str, default: bool = True) -> str:
+    """A flag's help: the option's one documentation line (tandem_rlvr.config.EvalOptions) and its default."""
+    f = next(f for f in fields(EvalOptions) if f.name == name)
+    doc = f.metadata["doc"]
+    return f"{doc} (default {eval_default(name)})" if default else doc
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``tandem-rlvr eval`` (defaults are applied after merging ``--config``)."""
     a = p.add_argument
     a("--config", default=None, help="YAML file with any of the keys below (flags win)")
-    a("--senior", action="append", default=None, metavar="[NAME=]PATH_OR_HUB",
-      help="senior model; repeat to compare several (e.g. --senior base=Qwen/... --senior grpo=runs/grpo/final)")
-    a("--junior", default=None, help="frozen junior model (path or hub name)")
-    a("--benchmark", action="append", default=None, metavar="NAME_OR_FILE",
-      help="benchmark name (e.g. math500) or local JSONL/JSON/CSV/parquet file; repeatable")
-    a("--out", default=None, help="output directory (default eval_out)")
-    a("--n", type=int, default=None, help="samples per problem (default 8)")
-    a("--max-new-tokens", type=int, default=None, help="response budget shared by both authors (default 3000)")
-    a("--limit", type=int, default=None, help="first N problems of each benchmark (default all)")
-    a("--seed", type=int, default=None, help="sampling seed (default 0)")
-    a("--batch-size", type=int, default=None, help="chains per generation call (default 64)")
-    a("--reward", default=None, help="reward function: math (default), gsm8k, boxed_exact")
+    a("--senior", action="append", default=None, metavar="[NAME=]PATH_OR_HUB", help=_h("seniors", False))
+    a("--junior", default=None, help=_h("junior", False))
+    a("--benchmark", action="append", default=None, metavar="NAME_OR_FILE", help=_h("benchmarks", False))
     a("--no-curve", dest="curve", action="store_const", const=False, default=None, help="skip the handoff-rate curve")
-    a("--curve-ps", default=None, help="P(senior) values of the curve (default 1.0,0.75,0.5,0.25)")
-    a("--temperature", type=float, default=None, help="default 0.7")
-    a("--top-p", type=float, default=None, help="default 0.8")
-    a("--top-k", type=int, default=None, help="default 20")
-    a("--max-rounds", type=int, default=None, help="handoff chains stop after this many turns (default 150)")
-    a("--context", type=int, default=None, help="prompt + response token limit (default 4096)")
-    a("--split", default=None, help="split of a named benchmark")
-    a("--problem-key", default=None, help="problem column of a local file (default problem)")
-    a("--answer-key", default=None, help="answer column of a local file (default answer)")
-    a("--id-key", default=None, help="id column of a local file (default id; the row index where missing)")
-    a("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True, default=None)
-    a("--dtype", default=None, help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
-    a("--device", default=None, help="auto (default), cpu, cuda, cuda:1, ...")
-    a("--reward-timeout-s", type=float, default=None, help="hard time limit of one answer check (default 2)")
-    a("--reward-workers", type=int, default=None, help="answer-checking worker processes (default 2)")
-    a("--chunk-tokens", type=int, default=None, help="tokens per vocabulary-sized scoring chunk (default 1024)")
-    a("--score-batch", type=int, default=None, help="chains per teacher-forced scoring forward (default 8)")
-    a("--engine", choices=("hf", "vllm"), default=None,
-      help="sampler of the solo and step-handoff chains: hf (in-process, default) or vllm (tandem-rlvr[vllm])")
-    a("--mode", choices=("lockstep", "catchup"), default=None,
-      help="how the in-process engine keeps both models in step (see config-help rollout.mode; default lockstep)")
-    a("--vllm-memory", type=float, default=None, help="share of the GPU each vLLM engine may take (default 0.3)")
-    a("--no-progress", dest="progress", action="store_const", const=False, default=None)
-    a("--overwrite", dest="overwrite", action="store_const", const=True, default=None,
-      help="recompute finished (senior, benchmark) parts instead of reusing them")
-
-
-@dataclass
-class EvalOptions:
-    """Resolved options of one ``tandem-rlvr eval`` run."""
-
-    seniors: dict[str, str]
-    junior: str
-    benchmarks: list[str]
-    out: str
-    n: int = 8
-    max_new_tokens: int = 3000
-    limit: int | None = None
-    seed: int = 0
-    batch_size: int = 64
-    reward: str = "math"
-    curve_ps: list[float] = field(default_factory=lambda: [1.0, 0.75, 0.5, 0.25])
-    temperature: float = 0.7
-    top_p: float = 0.8
-    top_k: int = 20
-    max_rounds: int = 150
-    context: int = 4096
-    split: str | None = None
-    problem_key: str = "problem"
-    answer_key: str = "answer"
-    id_key: str | None = "id"
-    trust_remote_code: bool = False
-    dtype: str = "auto"
-    device: str = "auto"
-    reward_timeout_s: float = 2.0
-    reward_workers: int = 2
-    chunk_tokens: int = 1024
-    score_batch: int = 8
-    progress: bool = True
-    overwrite: bool = False
-    engine: str = "hf"
-    mode: str = "lockstep"
-    vllm_memory: float = 0.3
+    a("--curve-ps", default=None, help="comma-separated " + _h("curve_ps"))
+    for name, kind in (("out", str), ("n", int), ("max_new_tokens", int), ("limit", int), ("seed", int),
+                       ("batch_size", int), ("reward", str), ("temperature", float), ("top_p", float), ("top_k", int),
+                       ("max_rounds", int), ("context", int), ("split", str), ("problem_key", str),
+                       ("answer_key", str), ("id_key", str), ("dtype", str), ("device", str),
+                       ("reward_timeout_s", float), ("reward_workers", int), ("chunk_tokens", int),
+                       ("score_batch", int), ("vllm_memory", float)):
+        a("--" + name.replace("_", "-"), type=kind, default=None, help=_h(name))
+    a("--engine", choices=ENGINES, default=None, help=_h("engine"))
+    a("--mode", choices=MODES, default=None, help=_h("mode"))
+    a("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True, default=None,
+      help=_h("trust_remote_code"))
+    a("--no-progress", dest="progress", action="store_const", const=False, default=None, help="no progress bars")
+    a("--overwrite", dest="overwrite", action="store_const", const=True, default=None, help=_h("overwrite"))
 
 
 def _read_config(path: str | None) -> dict:
@@ -184,7 +131,8 @@ def resolve_options(args: argparse.Namespace) -> EvalOptions:
               (0 < opts.top_p <= 1 and opts.top_k >= 0, "top_p must be in (0, 1] and top_k >= 0"),
               (all(0 <= p <= 1 for p in opts.curve_ps), "curve_ps must lie in [0, 1]"),
               (opts.context > 1 and opts.max_rounds >= 1, "context must be > 1 and max_rounds >= 1"),
-              (opts.engine in ("hf", "vllm"), f"engine must be hf or vllm, got {opts.engine!r}"),
+              (opts.engine in ENGINES, f"engine must be {' or '.join(ENGINES)}, got {opts.engine!r}"),
+              (opts.mode in MODES, f"mode must be {' or '.join(MODES)}, got {opts.mode!r}"),
               (0 < opts.vllm_memory <= 1, "vllm_memory must be in (0, 1]")]
     for ok, msg in checks:
         if not ok:

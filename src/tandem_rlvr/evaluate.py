@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from tandem_rlvr import metrics as M
+from tandem_rlvr.config import eval_default
 from tandem_rlvr.data import encode_prompts
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.inprocess import InProcessEngine
@@ -43,11 +44,12 @@ from tandem_rlvr.rollout import Rollout, Sampling
 
 log = logging.getLogger(__name__)
 
-EVAL_TEMPERATURE, EVAL_TOP_P, EVAL_TOP_K = 0.7, 0.8, 20
-EVAL_MAX_NEW_TOKENS = 3000
-EVAL_CONTEXT = 4096
-MAX_ROUNDS = 150
-CURVE_PS = (1.0, 0.75, 0.5, 0.25)
+# The evaluation's defaults are tandem_rlvr.config.EvalOptions's (documented there, once).
+EVAL_TEMPERATURE, EVAL_TOP_P, EVAL_TOP_K = (eval_default(k) for k in ("temperature", "top_p", "top_k"))
+EVAL_MAX_NEW_TOKENS = eval_default("max_new_tokens")
+EVAL_CONTEXT = eval_default("context")
+MAX_ROUNDS = eval_default("max_rounds")
+CURVE_PS = tuple(eval_default("curve_ps"))
 
 __all__ = [
     "CURVE_PS", "MAX_ROUNDS", "chain_scores", "drift_kl", "encode_prompts", "eval_sampling",

@@ -43,7 +43,7 @@ from tandem_rlvr import fastpath
 from tandem_rlvr.fastpath import _adapter_off_call, _buffer_cache, gqa_attention
 from tandem_rlvr.handoff import SCHEDULE_SEED_OFFSET, Schedule, over_rounds
 
-__all__ = ["MODES", "SCHEDULE_SEED_OFFSET", "Rollout", "Sampling", "concat_rollouts", "generate", "gqa_attention",
+__all__ = ["MODES", "SCHEDULE_SEED_OFFSET", "Rollout", "Sampling", "concat_rollouts", "rollout_from_rows", "generate", "gqa_attention",
            "sample_tokens"]
 MODES = ("lockstep", "catchup")
 LOGITS_BUDGET = 1 << 26  # max elements of one catch-up forward's (B, w, V) logits; longer windows are chunked
@@ -362,6 +362,28 @@ class _CoWrite:
             rounds_B=torch.minimum(rounds, torch.full_like(rounds, self.max_rounds or 10**9)),
             finished_B=self.hit_eos, schedule=self.schedule.name,
         )
+
+
+def rollout_from_rows(prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, ids: list[list[int]],
+                      owner: list[list[int]], *, pad_token_id: int, rounds: list[int], finished: list[bool],
+                      max_rounds: int | None, schedule: str) -> Rollout:
+    """A :class:`Rollout` from per-row token and owner lists (engines that write whole turns), right-padded,
+    on the prompts' device; rounds capped at ``max_rounds``; no log-probs recorded (zeros / None)."""
+    B, T = len(ids), max(1, max(len(r) for r in ids))
+    ids_BT = torch.full((B, T), pad_token_id, dtype=torch.long)
+    mask_BT, owner_BT = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
+    for b, (row, own) in enumerate(zip(ids, owner)):
+        ids_BT[b, :len(row)] = torch.tensor(row, dtype=torch.long)
+        mask_BT[b, :len(row)] = 1
+        owner_BT[b, :len(own)] = torch.tensor(own, dtype=torch.long)
+    dev = prompt_ids_BP.device
+    rounds_B = torch.tensor([min(r, max_rounds or 10**9) for r in rounds], dtype=torch.long)
+    return Rollout(
+        prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP, response_ids_BT=ids_BT.to(dev),
+        response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T, device=dev),
+        junior_logps_BT=None, rounds_B=rounds_B.to(dev), finished_B=torch.tensor(finished, dtype=torch.bool).to(dev),
+        schedule=schedule,
+    )
 
 
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:

