@@ -26,8 +26,8 @@ import common as C
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Sampling, generate
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.rollout import Sampling, generate
 
 
 class _WordStart(StoppingCriteria):

@@ -41,7 +41,7 @@ class _Ex:
 
 
 def _batch(tok, B: int, T: int, V: int, seed: int = 0):
-    from tandem_rlvr.rollout import Rollout
+    from tandem_rlvr.engines.rollout import Rollout
 
     g = torch.Generator().manual_seed(seed)
     p_ids, p_mask = C.prompts(tok, B, seed=seed)
@@ -84,9 +84,9 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from tandem_rlvr.config import load_config
-    from tandem_rlvr.core import group_advantages
+    from tandem_rlvr.training.core import group_advantages
     from tandem_rlvr.models import Pair
-    from tandem_rlvr.trainer import Trainer, sequence_logps
+    from tandem_rlvr.training.trainer import Trainer, sequence_logps
 
     tok = C.tokenizer()
     V, G = len(tok), args.group
@@ -119,8 +119,8 @@ def main() -> None:
             ours_tr.senior.train()
             ours_tr._minibatch(ro, rows, old, None, adv, mask.float())
 
-        import tandem_rlvr.trainer as trainer_mod
-        from tandem_rlvr.rollout import gqa_attention
+        import tandem_rlvr.training.trainer as trainer_mod
+        from tandem_rlvr.engines.rollout import gqa_attention
 
         prop_tr = Trainer(cfg, pair=Pair(copy.deepcopy(base).train(), copy.deepcopy(base).eval(), tok),
                           reward_fn=lambda c, g: 0.0, examples=[_Ex("0", "What is 1 plus 1?", "2")])

@@ -2,7 +2,7 @@
 
 Legibility scoring = teacher-forced junior forward over prompt + response and, at every response
 position, the junior's cross-entropy of the written token and its top-1 hit
-(``tandem_rlvr.evaluate.junior_legibility``, which also bins CE by position decile; if that module
+(``tandem_rlvr.evaluation.evaluate.junior_legibility``, which also bins CE by position decile; if that module
 is missing, ``trainer.sequence_logps`` + a top-1 from the same logits stand in, and the line says so).
 The bare side is one batched ``junior(input_ids, attention_mask).logits`` over the same batch.
 Both count the same response tokens, so tokens/s ratio = bare time ÷ scoring time. Target ≥ 0.9.
@@ -15,8 +15,8 @@ import argparse
 import common as C
 import torch
 
-from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Sampling, generate
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.rollout import Sampling, generate
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
     full_mask = torch.cat([ro.prompt_mask_BP, ro.response_mask_BT], 1)
 
     try:
-        from tandem_rlvr.evaluate import junior_legibility
+        from tandem_rlvr.evaluation.evaluate import junior_legibility
 
         impl = "evaluate.junior_legibility"
 
@@ -46,7 +46,7 @@ def main() -> None:
             out = junior_legibility(junior, ro, score_batch=args.batch)
             assert out["junior_ce"].shape[0] == args.batch
     except ImportError:
-        from tandem_rlvr.trainer import sequence_logps
+        from tandem_rlvr.training.trainer import sequence_logps
 
         impl = "trainer.sequence_logps + top-1 (evaluate.py absent)"
 

@@ -13,8 +13,8 @@ import argparse
 import common as C
 import torch
 
-from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Sampling, generate
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.rollout import Sampling, generate
 
 
 def main() -> None:

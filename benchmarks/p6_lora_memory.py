@@ -43,9 +43,9 @@ def _peak_mb() -> float:
 def child(side: str, batch: int, tokens: int) -> dict:
     from peft import LoraConfig, get_peft_model
 
-    from tandem_rlvr.handoff import make_schedule
+    from tandem_rlvr.engines.handoff import make_schedule
     from tandem_rlvr.models import AdapterOff, freeze
-    from tandem_rlvr.rollout import Sampling, generate
+    from tandem_rlvr.engines.rollout import Sampling, generate
 
     tok = C.tokenizer()
     ids, mask = C.prompts(tok, batch)

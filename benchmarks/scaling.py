@@ -19,9 +19,9 @@ import math
 
 import common as C
 
-from tandem_rlvr import fastpath as R
-from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Sampling, generate
+from tandem_rlvr.engines import fastpath as R
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.rollout import Sampling, generate
 
 JSON = C.HERE / "scaling.json"
 PNG = C.HERE / "scaling.png"

@@ -117,7 +117,7 @@ def run_arm(args, arm: str, model: str, out: Path) -> dict:
     """Run ``args.steps`` steps of one arm; return its timing summary."""
     import torch
 
-    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.training.trainer import Trainer
 
     cfg = make_config(args, arm, model, out)
     if torch.cuda.is_available():

@@ -298,7 +298,7 @@ EX = [data_mod.Example(str(i), f"What is {i} plus 1?", str(i + 1)) for i in rang
 
 
 def _one_step(tmp_path, tokenizer, eos_bias, *extra):
-    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.training.trainer import Trainer
 
     cfg = load_config(None, ["model.senior=u", "model.junior=u", "algo.arm=grpo", "train.steps=1",
                              "train.prompts_per_step=2", "algo.group_size=2", "algo.mini_batch_prompts=2",
@@ -332,7 +332,7 @@ def test_no_eos_truncates_at_the_budget_and_reports_unfinished(tmp_path, tokeniz
 
 
 def test_non_finite_user_reward_is_a_clear_error(tmp_path, tokenizer):
-    from tandem_rlvr.trainer import TandemError, Trainer
+    from tandem_rlvr.training.trainer import TandemError, Trainer
 
     cfg = load_config(None, ["model.senior=u", "model.junior=u", "algo.arm=grpo", "train.prompts_per_step=2",
                              "algo.group_size=2", "algo.mini_batch_prompts=2", "rollout.max_new_tokens=4",

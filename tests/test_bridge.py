@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import CORPUS, bias_token, make_tiny_model
 
-from tandem_rlvr.bridge import (
+from tandem_rlvr.engines.bridge import (
     BridgeError,
     bridge_generate,
     check_bridge_schedule,
@@ -14,7 +14,7 @@ from tandem_rlvr.bridge import (
     senior_token_owner,
     tokenizers_differ,
 )
-from tandem_rlvr.rollout import Sampling
+from tandem_rlvr.engines.rollout import Sampling
 
 # A Qwen2-like split (newlines glued onto the punctuation before them, so ".\n\n" can be one token):
 # a vocabulary whose boundaries differ from the default byte-level split of the senior's.
@@ -141,7 +141,7 @@ def test_each_author_reads_the_history_in_its_own_tokens(sides, junior_tokenizer
 
 def test_senior_logps_match_the_trainer(sides):
     from tandem_rlvr.config import load_config
-    from tandem_rlvr.trainer import arm_plan, loss_mask, sequence_logps
+    from tandem_rlvr.training.trainer import arm_plan, loss_mask, sequence_logps
 
     senior, _ = sides
     out = _run(sides, "step", p=0.5, seed=5, sampling=Sampling(max_new_tokens=40, temperature=0.6))

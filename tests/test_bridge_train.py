@@ -7,7 +7,7 @@ import torch
 
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.models import ModelLoadError, Pair, freeze, load_pair
-from tandem_rlvr.trainer import Trainer
+from tandem_rlvr.training.trainer import Trainer
 from conftest import CORPUS, bias_token, make_tiny_model
 from test_bridge import GLUE_NL
 from test_trainer import EXAMPLES, length_reward

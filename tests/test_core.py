@@ -1,4 +1,4 @@
-"""Hand-computed checks of ``tandem_rlvr.core`` (the arithmetic is written out next to each number)."""
+"""Hand-computed checks of ``tandem_rlvr.training.core`` (the arithmetic is written out next to each number)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tandem_rlvr.core import (
+from tandem_rlvr.training.core import (
     LOSS_TYPES,
     aggregate,
     group_advantages,

@@ -4,7 +4,7 @@ import json
 
 from tandem_rlvr.cli import main
 from tandem_rlvr.demo import ARMS
-from tandem_rlvr.demo_report import METRICS
+from tandem_rlvr.demo.report import METRICS
 
 # --quick draws 2 samples per problem, so pass@k exists for k <= 2 only
 EVAL_KEYS = [k for k, *_ in METRICS if k != "solo_pass@4"] + ["curve", "solo_pass@2", "n_problems"]

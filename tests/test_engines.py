@@ -9,16 +9,16 @@ import torch
 from test_cli_train import write_config
 from test_trainer import _cfg, _trainer, base_models  # noqa: F401 (fixture)
 
-from tandem_rlvr.bridge import BridgeEngine
+from tandem_rlvr.engines.bridge import BridgeEngine
 from tandem_rlvr.cli import main
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.engines.base import FirstServing, PromptBatch
 from tandem_rlvr.engines.inprocess import InProcessEngine
 from tandem_rlvr.engines.serving import BRIDGE, IN_PROCESS, VLLM
 from tandem_rlvr.errors import BridgeError, EngineError
-from tandem_rlvr.handoff import SCHEDULES, make_schedule
-from tandem_rlvr.rollout import Sampling
-from tandem_rlvr.vllm_backend import VLLMEngine
+from tandem_rlvr.engines.handoff import SCHEDULES, make_schedule
+from tandem_rlvr.engines.rollout import Sampling
+from tandem_rlvr.engines.vllm_backend import VLLMEngine
 
 
 def _engines(tokenizer, models):

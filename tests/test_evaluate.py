@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
-from tandem_rlvr.evaluate import (
+from tandem_rlvr.evaluation.evaluate import (
     chain_scores,
     drift_kl,
     eval_sampling,
@@ -27,8 +27,8 @@ from tandem_rlvr.evaluate import (
     junior_legibility,
     validate,
 )
-from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Sampling, generate
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.rollout import Sampling, generate
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -495,7 +495,7 @@ def test_cli_eval_from_config_file(world_models, tmp_path):
 
 
 def test_report_tables_and_missing_values(tmp_path):
-    from tandem_rlvr.report import benchmark_table, curve_table, fmt, seniors_table, write_eval_report
+    from tandem_rlvr.evaluation.report import benchmark_table, curve_table, fmt, seniors_table, write_eval_report
 
     assert fmt(None) == "–" and fmt(float("nan"), "pct") == "–"
     assert fmt(0.4567, "pct", 0.01) == "45.7 ± 1.0" and fmt(-1.25, "pts") == "-1.2" and fmt(3, "int") == "3"

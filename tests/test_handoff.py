@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tandem_rlvr.handoff import (
+from tandem_rlvr.engines.handoff import (
     SCHEDULES,
     CoinStream,
     Schedule,

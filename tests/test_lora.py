@@ -5,7 +5,7 @@ import torch
 
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import AdapterOff, load_causal_lm, load_pair
-from tandem_rlvr.trainer import Trainer
+from tandem_rlvr.training.trainer import Trainer
 from test_trainer import EXAMPLES, length_reward
 
 

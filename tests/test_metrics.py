@@ -1,4 +1,4 @@
-"""Hand-checked tests of ``tandem_rlvr.metrics`` (pure arithmetic; no models)."""
+"""Hand-checked tests of ``tandem_rlvr.evaluation.metrics`` (pure arithmetic; no models)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tandem_rlvr import metrics as M
+from tandem_rlvr.evaluation import metrics as M
 
 
 def closed_form(n: int, c: int, k: int) -> float:

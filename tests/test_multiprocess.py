@@ -92,7 +92,7 @@ def test_fsdp_sharded_senior_equals_one_process(tmp_path, model_dirs, one_proces
 def test_sharded_launchers_are_refused_with_a_clear_message():
     from accelerate.utils import DistributedType
 
-    from tandem_rlvr.dist import check_supported
+    from tandem_rlvr.training.dist import check_supported
     from tandem_rlvr.errors import TandemError
 
     for ok in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
@@ -136,7 +136,7 @@ def test_fsdp_run_resumes_from_its_gathered_checkpoint_and_validates(tmp_path, m
 def test_fsdp_on_one_process_is_refused(tmp_path, model_dirs):
     from tandem_rlvr.config import load_config
     from tandem_rlvr.errors import TandemError
-    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.training.trainer import Trainer
 
     cfg = load_config(write_config(tmp_path, model_dirs, fsdp="full"))
     with pytest.raises(TandemError, match="train.fsdp=full shards the senior over processes, but this is one process"):

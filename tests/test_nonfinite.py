@@ -12,11 +12,11 @@ import torch
 from conftest import make_tiny_model
 from safetensors.torch import load_file
 
-from tandem_rlvr import core
+from tandem_rlvr.training import core
 from tandem_rlvr.config import load_config
 from tandem_rlvr.data import Example
 from tandem_rlvr.models import Pair, freeze
-from tandem_rlvr.trainer import TandemError, Trainer
+from tandem_rlvr.training.trainer import TandemError, Trainer
 
 # a skipped update means the LR scheduler steps without an optimizer step, which torch warns about
 pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")

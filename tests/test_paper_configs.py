@@ -65,7 +65,7 @@ def test_baselines_differ_from_trlvr_only_where_the_method_says(name):
 
 
 def test_trainer_arm_plans_of_the_paper_configs():
-    from tandem_rlvr.trainer import arm_plan
+    from tandem_rlvr.training.trainer import arm_plan
 
     plans = {n: arm_plan(_load(n)) for n in TRAIN}
     assert (plans["trlvr"].schedule, plans["trlvr"].mask_owner, plans["trlvr"].kl_beta) == ("word", True, 0.0)
@@ -76,7 +76,7 @@ def test_trainer_arm_plans_of_the_paper_configs():
 
 def test_paper_eval_config_is_what_tandem_rlvr_eval_accepts():
     from tandem_rlvr.cli import build_parser
-    from tandem_rlvr.eval_cli import resolve_options
+    from tandem_rlvr.evaluation.eval_cli import resolve_options
 
     args = build_parser().parse_args(["eval", "--config", str(PAPER / "eval.yaml")])
     opts = resolve_options(args)

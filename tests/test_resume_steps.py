@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from conftest import make_tiny_model
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import Pair, freeze
-from tandem_rlvr.trainer import Trainer
+from tandem_rlvr.training.trainer import Trainer
 from test_trainer_invariants import EXAMPLES, spread_reward
 
 STEPS, SAVE_EVERY, CRASH_AT = 4, 2, 3  # checkpoint at step 2; the crash comes in step 4 (index 3), after row 3

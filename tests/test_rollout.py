@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 
-from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Sampling, generate
-from tandem_rlvr.trainer import sequence_logps
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.training.trainer import sequence_logps
 from conftest import bias_token, make_tiny_model
 
 PROBLEMS = ["What is 3 plus 4?", "hi", "Tom has 12 apples and gives away 5 of them. How many are left?"]
@@ -77,7 +77,7 @@ def test_self_paired_junior_gives_solo_rollout(tokenizer, pair, batch):
 
 
 def test_owner_matches_simulated_schedule(tokenizer, pair, batch):
-    from tandem_rlvr.handoff import simulate
+    from tandem_rlvr.engines.handoff import simulate
 
     senior, junior = pair
     sch = make_schedule("word", tokenizer, p=0.5, max_gap=4)
@@ -161,7 +161,7 @@ def test_catchup_equals_lockstep(tokenizer, batch, name, kw, record, max_rounds)
 
 
 def test_catchup_on_one_row_and_tiny_logit_budget(tokenizer, pair, batch, monkeypatch):
-    from tandem_rlvr import rollout
+    from tandem_rlvr.engines import rollout
 
     senior, junior = pair
     one = (batch[0][2:], batch[1][2:])
@@ -180,7 +180,7 @@ def test_unknown_mode_raises(tokenizer, pair, batch):
 def test_fast_path_equals_generic_path(tokenizer, batch, arch, monkeypatch):
     """Preallocated caches (grown past their first capacity), 4-D mask slices and GQA-in-SDPA change
     nothing but speed; the models' attention setting is restored afterwards."""
-    from tandem_rlvr import fastpath
+    from tandem_rlvr.engines import fastpath
 
     senior = make_tiny_model(len(tokenizer), 0, 48, arch=arch)
     junior = make_tiny_model(len(tokenizer), 1, 32, arch=arch)
@@ -198,7 +198,7 @@ def test_fast_path_equals_generic_path(tokenizer, batch, arch, monkeypatch):
 def test_sliding_window_model_takes_generic_path(tokenizer, batch):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tandem_rlvr import fastpath
+    from tandem_rlvr.engines import fastpath
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -213,7 +213,7 @@ def test_sliding_window_model_takes_generic_path(tokenizer, batch):
 
 
 def test_gqa_attention_is_exact_and_restores(tokenizer, batch):
-    from tandem_rlvr.rollout import gqa_attention
+    from tandem_rlvr.engines.rollout import gqa_attention
 
     model = make_tiny_model(len(tokenizer), 0, 48)
     with torch.no_grad():
@@ -230,7 +230,7 @@ def test_gqa_attention_is_exact_and_restores(tokenizer, batch):
 def test_lora_adapter_off_junior(tokenizer, batch):
     """Self-paired LoRA: the junior is the base weights (adapter off) and the adapter stays on for the senior."""
     peft = pytest.importorskip("peft")
-    from tandem_rlvr import fastpath
+    from tandem_rlvr.engines import fastpath
     from tandem_rlvr.models import AdapterOff
 
     base = make_tiny_model(len(tokenizer), 0, 48)
@@ -260,7 +260,7 @@ def test_lora_adapter_off_junior(tokenizer, batch):
 
 def test_kv_cache_is_preallocated_not_concatenated(tokenizer, pair, batch, monkeypatch):
     """Memory does not grow with handoffs: one buffer per layer and model, written in place."""
-    from tandem_rlvr import fastpath
+    from tandem_rlvr.engines import fastpath
 
     made = []
     orig = fastpath._BufferLayer.__init__

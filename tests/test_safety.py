@@ -50,7 +50,7 @@ def _where(path, node) -> str:
 
 
 def test_sources_were_found():
-    assert len(SOURCES) > 15 and PKG / "trainer.py" in SOURCES
+    assert len(SOURCES) > 15 and PKG / "training" / "trainer.py" in SOURCES
 
 
 # ------------------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_trust_remote_code_is_never_hard_coded_true():
     assert not bad, bad
     # the defaults everywhere a user can set it are False
     from tandem_rlvr.config import ModelConfig
-    from tandem_rlvr.eval_cli import DEFAULTS, EvalOptions
+    from tandem_rlvr.evaluation.eval_cli import DEFAULTS, EvalOptions
 
     assert ModelConfig().trust_remote_code is False and DEFAULTS["trust_remote_code"] is False
     assert EvalOptions(seniors={}, junior="", benchmarks=[], out="").trust_remote_code is False
@@ -111,7 +111,7 @@ EXAMPLES = [Example(str(i), f"What is {i} plus 1?", str(i + 1)) for i in range(4
 
 def _run(tmp_path, tokenizer, lora: bool):
     from tandem_rlvr.models import AdapterOff, _apply_lora
-    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.training.trainer import Trainer
 
     extra = ["model.self_paired=true", "model.junior=null", "model.lora_r=4"] if lora else []
     cfg = load_config(None, ["model.senior=unused", "model.junior=unused", "algo.arm=grpo", "train.steps=1",
@@ -164,7 +164,7 @@ def test_every_torch_load_is_weights_only_and_no_unsafe_deserialisers():
                     bad.append(f"{_where(path, call)} np.load(allow_pickle=...)")
     assert not bad, bad
     assert len(loads) >= 2, loads  # train_state.pt and lora_state.pt in checkpoint.py
-    ckpt_src = (PKG / "checkpoint.py").read_text()
+    ckpt_src = (PKG / "training" / "checkpoint.py").read_text()
     assert 'torch.load(ckpt / "train_state.pt", weights_only=True)' in ckpt_src
 
 

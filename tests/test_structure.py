@@ -77,7 +77,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_imports_inside_functions_and_finds_cycles():
     graph = import_graph()
-    assert "tandem_rlvr.eval_cli" in graph["tandem_rlvr.cli"], "cli imports eval_cli inside a function"
+    assert "tandem_rlvr.evaluation.eval_cli" in graph["tandem_rlvr.cli"], "cli imports eval_cli inside a function"
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
@@ -114,3 +114,25 @@ def test_no_oversized_module_or_function():
                 if n > MAX_FUNCTION_LINES:
                     big.append(f"{mod}.{node.name} (line {node.lineno}): {n} lines (max {MAX_FUNCTION_LINES})")
     assert not big, "\n".join(big)
+
+
+# Folders import one way: basics <- engines, rewards <- training, evaluation <- demo, cli.
+BASICS = ("config", "names", "errors", "io", "data", "models")
+FORBIDDEN = {
+    "engines": ("training", "evaluation", "demo", "cli", "world"),
+    "rewards": ("engines", "training", "evaluation", "demo", "cli", "world"),
+    "training": ("demo", "cli"),
+    "evaluation": ("training", "demo", "cli"),
+    "world": ("engines", "training", "evaluation", "demo", "cli", "rewards"),
+    **{b: ("training", "evaluation", "demo", "cli", "rewards") for b in BASICS},
+}
+
+
+def _group(mod: str) -> str:
+    return mod.split(".")[1] if mod.count(".") else ""
+
+
+def test_folders_import_one_way():
+    bad = [f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
+           if _group(b) in FORBIDDEN.get(_group(a), ())]
+    assert not bad, "imports against the layering:\n" + "\n".join(sorted(bad))

@@ -4,11 +4,11 @@
 import pytest
 from test_trainer import EXAMPLES, _cfg, base_models  # noqa: F401 (fixture)
 
-from tandem_rlvr import core
+from tandem_rlvr.training import core
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.models import Pair
 from tandem_rlvr.names import LOSS_TYPES
-from tandem_rlvr.trainer import Trainer
+from tandem_rlvr.training.trainer import Trainer
 
 
 def test_loss_types_are_one_list():

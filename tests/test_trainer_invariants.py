@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from conftest import bias_token, make_tiny_model
-from tandem_rlvr import core
+from tandem_rlvr.training import core
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import Pair, freeze
-from tandem_rlvr.trainer import Trainer
+from tandem_rlvr.training.trainer import Trainer
 
 PAPER = Path(__file__).resolve().parents[1] / "configs" / "paper"
 ARMS = ("trlvr", "grpo", "grpo_g16", "kl_reg")

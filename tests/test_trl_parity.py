@@ -1,4 +1,4 @@
-"""Parity of ``tandem_rlvr.core`` with TRL 1.16 ``GRPOTrainer`` (the oracle) on a tiny Qwen2 model.
+"""Parity of ``tandem_rlvr.training.core`` with TRL 1.16 ``GRPOTrainer`` (the oracle) on a tiny Qwen2 model.
 
 We build a real ``GRPOTrainer`` and feed its loss (``compute_loss`` -> ``_compute_loss``) a hand-built
 batch, then compute ours from the *same* model's plain forward: logits at the completion positions ->
@@ -37,7 +37,7 @@ pytest.importorskip("trl")
 
 from conftest import make_tiny_model  # noqa: E402
 
-from tandem_rlvr.core import group_advantages, policy_loss, token_logps  # noqa: E402
+from tandem_rlvr.training.core import group_advantages, policy_loss, token_logps  # noqa: E402
 
 B, G, P, C, MAX_COMPLETION = 6, 3, 5, 7, 8
 REWARDS = [1.0, 0.0, 0.0, 2.0, 4.0, 6.0]

@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import CORPUS
 
-from tandem_rlvr.bridge import decode_turn, make_side
+from tandem_rlvr.engines.bridge import decode_turn, make_side
 from tandem_rlvr.engines.base import PromptBatch
-from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Sampling, generate
-from tandem_rlvr.vllm_backend import (
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.vllm_backend import (
     VLLMEngine,
     check_vllm_schedule,
     vllm_available,
@@ -152,7 +152,7 @@ def test_lora_weights_are_merged_under_base_names(tok):
 # -- the real engines (slow: each engine takes ~20 s to start on a CPU) ----------------------------------
 @pytest.fixture(scope="module")
 def engines(tok, pair, tmp_path_factory):
-    from tandem_rlvr.vllm_backend import make_llm
+    from tandem_rlvr.engines.vllm_backend import make_llm
 
     llms = []
     for name, model in zip(("senior", "junior"), pair):
@@ -211,8 +211,8 @@ def test_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path
 
     from tandem_rlvr.config import load_config
     from tandem_rlvr.models import Pair, freeze
-    from tandem_rlvr.trainer import Trainer
-    from tandem_rlvr.vllm_backend import make_llm
+    from tandem_rlvr.training.trainer import Trainer
+    from tandem_rlvr.engines.vllm_backend import make_llm
 
     @dataclass(frozen=True)
     class Ex:
@@ -238,7 +238,7 @@ def test_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path
         kw.pop("gpu_memory_utilization")
         return make_llm(path, **kw, kv_cache_memory_bytes=2**28, enforce_eager=True)
 
-    from tandem_rlvr.vllm_backend import training_engine
+    from tandem_rlvr.engines.vllm_backend import training_engine
 
     engine = training_engine(cfg, uses_junior=True, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
                              make=make)

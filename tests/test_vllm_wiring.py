@@ -15,13 +15,13 @@ import torch
 from test_trainer import EXAMPLES, length_reward
 from test_vllm import GreedyStandIn
 
-from tandem_rlvr.bridge import decode_turn
+from tandem_rlvr.engines.bridge import decode_turn
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.models import Pair, freeze
-from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Sampling, generate
-from tandem_rlvr.trainer import Trainer
-from tandem_rlvr.vllm_backend import VLLMEngine
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.training.trainer import Trainer
+from tandem_rlvr.engines.vllm_backend import VLLMEngine
 from conftest import make_tiny_model
 
 NEAR_GREEDY = 1e-5  # the trainer needs temperature > 0; this close to 0 sampling is the argmax
@@ -155,7 +155,7 @@ def test_grpo_with_word_schedule_key_is_fine_on_vllm():
 
 
 def test_evaluation_samples_solo_and_handoff_chains_on_the_engines(tokenizer, models):
-    from tandem_rlvr.evaluate import evaluate_pair
+    from tandem_rlvr.evaluation.evaluate import evaluate_pair
 
     kw = dict(n=2, sampling=Sampling(16, 0.0), reward_fn=length_reward, curve_ps=None, progress=False)
     ref, ref_chains = evaluate_pair(*models, tokenizer, EXAMPLES[:5], **kw)

@@ -10,7 +10,7 @@ import sys
 
 def _train(args: argparse.Namespace) -> int:
     from tandem_rlvr.config import load_config
-    from tandem_rlvr.trainer import train
+    from tandem_rlvr.training.trainer import train
 
     cfg = load_config(args.config, args.overrides)
     final = train(cfg, restart=args.restart)
@@ -19,7 +19,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from tandem_rlvr.eval_cli import run_from_args
+    from tandem_rlvr.evaluation.eval_cli import run_from_args
 
     return run_from_args(args)
 
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_train)
 
     e = sub.add_parser("eval", help="solo / handoff / tax / legibility / drift of senior(s) with a junior")
-    from tandem_rlvr.eval_cli import add_eval_args
+    from tandem_rlvr.evaluation.eval_cli import add_eval_args
 
     add_eval_args(e)
     e.set_defaults(func=_eval)

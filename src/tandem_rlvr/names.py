@@ -1,6 +1,6 @@
 """Names the configuration checks, torch-free: the handoff schedules, the loss types, the FSDP modes.
 
-What they *mean* lives in :mod:`tandem_rlvr.handoff` (schedules) and :mod:`tandem_rlvr.core` (losses),
+What they *mean* lives in :mod:`tandem_rlvr.engines.handoff` (schedules) and :mod:`tandem_rlvr.training.core` (losses),
 which take their lists from here. Each schedule's *level* says where its coins fall (what an engine
 must be able to hand over at):
 
@@ -26,4 +26,4 @@ def check_name(name: str) -> None:
 
 LOSS_TYPES = ("grpo", "dapo", "token_mean", "dr_grpo")
 TOKEN_MEAN_LOSSES = ("dapo", "token_mean")  # divided by a (global) token count, not per sequence
-FSDP_MODES = ("off", "full", "zero2")  # train.fsdp; see tandem_rlvr.fsdp
+FSDP_MODES = ("off", "full", "zero2")  # train.fsdp; see tandem_rlvr.training.fsdp

@@ -11,8 +11,8 @@ import torch
 from tandem_rlvr.engines.serving import Serves
 
 if TYPE_CHECKING:
-    from tandem_rlvr.handoff import Schedule
-    from tandem_rlvr.rollout import Rollout, Sampling
+    from tandem_rlvr.engines.handoff import Schedule
+    from tandem_rlvr.engines.rollout import Rollout, Sampling
 
 
 @dataclass

@@ -15,13 +15,13 @@ def training_engine(cfg, pair, senior, schedule, *, eos_token_ids: Sequence[int]
     tandem rollouts; ``vllm``: ``vllm_engine`` or new vLLM engines)."""
     pad = pair.tokenizer.pad_token_id
     if pair.junior_tokenizer is not None:
-        from tandem_rlvr.bridge import BridgeEngine
+        from tandem_rlvr.engines.bridge import BridgeEngine
 
         return BridgeEngine(senior, pair.tokenizer, pair.junior, pair.junior_tokenizer, eos_token_ids=eos_token_ids)
     if cfg.rollout.engine == "vllm":
         if vllm_engine is not None:
             return vllm_engine
-        from tandem_rlvr.vllm_backend import training_engine as vllm_engines
+        from tandem_rlvr.engines.vllm_backend import training_engine as vllm_engines
 
         return vllm_engines(cfg, uses_junior=schedule.name != "none", eos_token_ids=eos_token_ids, pad_token_id=pad,
                             num_processes=num_processes)
@@ -37,6 +37,6 @@ def eval_engine(kind: str, mode: str, senior, junior, *, eos_token_ids: Sequence
     local = InProcessEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, mode=mode)
     if kind != "vllm":
         return local
-    from tandem_rlvr.vllm_backend import VLLMEngine
+    from tandem_rlvr.engines.vllm_backend import VLLMEngine
 
     return FirstServing(VLLMEngine(*vllm_llms, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id), local)

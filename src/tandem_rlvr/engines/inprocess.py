@@ -1,4 +1,4 @@
-"""The in-process engine: :func:`tandem_rlvr.rollout.generate` behind the :class:`Engine` interface."""
+"""The in-process engine: :func:`tandem_rlvr.engines.rollout.generate` behind the :class:`Engine` interface."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import IN_PROCESS, MODES
 from tandem_rlvr.errors import EngineError
-from tandem_rlvr.rollout import generate
+from tandem_rlvr.engines.rollout import generate
 
 
 class InProcessEngine(EngineBase):

@@ -145,9 +145,9 @@ class Worker:
 
     def _launch(self, child: Any) -> Any:
         if self.method == "subprocess":
-            src = str(Path(__file__).resolve().parents[1])
+            src = str(Path(__file__).resolve().parents[2])
             code = (
-                f"import sys; sys.path.insert(0, {src!r}); from tandem_rlvr.reward_workers import "
+                f"import sys; sys.path.insert(0, {src!r}); from tandem_rlvr.rewards.workers import "
                 f"subprocess_entry; subprocess_entry({child.fileno()}, {self.memory_limit_mb!r})"
             )
             argv = [sys.executable, "-c", code]

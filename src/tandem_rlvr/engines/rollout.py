@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from tandem_rlvr import fastpath
-from tandem_rlvr.fastpath import _adapter_off_call, _buffer_cache, gqa_attention
-from tandem_rlvr.handoff import SCHEDULE_SEED_OFFSET, Schedule, over_rounds
+from tandem_rlvr.engines import fastpath
+from tandem_rlvr.engines.fastpath import _adapter_off_call, _buffer_cache, gqa_attention
+from tandem_rlvr.engines.handoff import SCHEDULE_SEED_OFFSET, Schedule, over_rounds
 
 __all__ = ["MODES", "SCHEDULE_SEED_OFFSET", "Rollout", "Sampling", "concat_rollouts", "rollout_from_rows", "generate", "gqa_attention",
            "sample_tokens"]
@@ -148,7 +148,7 @@ def _logp_of(logits_BV: torch.Tensor, tok_B: torch.Tensor, temperature: float) -
 class _Stream:
     """One model's incremental decoding state (its own KV cache), stepped with a growing 2-D mask.
 
-    The text bridge (:mod:`tandem_rlvr.bridge`) uses it; :func:`generate` uses :class:`_Decoder`.
+    The text bridge (:mod:`tandem_rlvr.engines.bridge`) uses it; :func:`generate` uses :class:`_Decoder`.
     """
 
     def __init__(self, model, ids_BP: torch.Tensor, mask_BP: torch.Tensor):

@@ -18,7 +18,7 @@ def check_supported(distributed_type) -> None:
     """Refuse launchers the trainer does not support yet (instead of hanging or training wrongly).
 
     The trainer shards the senior itself (``train.fsdp``, FSDP2's ``fully_shard``; see
-    :mod:`tandem_rlvr.fsdp`) under a plain multi-process launch. accelerate's own FSDP wrapping would
+    :mod:`tandem_rlvr.training.fsdp`) under a plain multi-process launch. accelerate's own FSDP wrapping would
     shard every forward of the rollout loop, and DeepSpeed steps its optimizer inside ``backward``.
     """
     name = str(getattr(distributed_type, "value", distributed_type)).upper()
@@ -42,7 +42,7 @@ def reduce_scalar(acc, value: float, op: str) -> float:
 
 def no_sync_unless_last(acc, model, is_last: bool):
     """Skip the gradient all-reduce (DDP) or reduce-scatter (FSDP2) on all but the last micro-batch."""
-    from tandem_rlvr import fsdp
+    from tandem_rlvr.training import fsdp
 
     if fsdp.is_sharded(model):
         return _fsdp_sync(model, is_last)

@@ -1,4 +1,4 @@
-"""``tandem-rlvr eval``: load the models and benchmarks, run :func:`~tandem_rlvr.evaluate.evaluate_pair`
+"""``tandem-rlvr eval``: load the models and benchmarks, run :func:`~tandem_rlvr.evaluation.evaluate.evaluate_pair`
 for every (senior, benchmark), and write ``eval.json``, ``eval.md``, plots and the chains.
 
 Options come from flags, from ``--config eval.yaml`` (the same keys, with ``_`` or ``-``), then
@@ -228,7 +228,7 @@ def _load_benchmarks(opts: EvalOptions) -> dict[str, tuple[str, list]]:
 
 
 def _pair_kwargs(opts: EvalOptions) -> dict:
-    from tandem_rlvr.evaluate import eval_sampling
+    from tandem_rlvr.evaluation.evaluate import eval_sampling
 
     return dict(n=opts.n, sampling=eval_sampling(opts.max_new_tokens, opts.temperature, opts.top_p, opts.top_k),
                 seed=opts.seed, curve_ps=opts.curve_ps, batch_size=opts.batch_size, max_rounds=opts.max_rounds,
@@ -238,7 +238,7 @@ def _pair_kwargs(opts: EvalOptions) -> dict:
 
 def _vllm_llm(opts: EvalOptions, path: str, dtype: str):
     """A vLLM engine over ``path`` for ``--engine vllm``."""
-    from tandem_rlvr.vllm_backend import make_llm
+    from tandem_rlvr.engines.vllm_backend import make_llm
 
     return make_llm(path, dtype=dtype, gpu_memory_utilization=opts.vllm_memory, seed=opts.seed,
                     max_model_len=opts.context, trust_remote_code=opts.trust_remote_code)
@@ -256,9 +256,9 @@ def _engine(opts: EvalOptions, path: str, dtype: str, junior_llm, tok, senior, j
 
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
                  junior_llm=None) -> dict:
-    from tandem_rlvr.evaluate import evaluate_pair
+    from tandem_rlvr.evaluation.evaluate import evaluate_pair
     from tandem_rlvr.io import atomic_write_json
-    from tandem_rlvr.metrics import macro_average
+    from tandem_rlvr.evaluation.metrics import macro_average
     from tandem_rlvr.models import check_tokenizers, freeze, load_causal_lm, load_tokenizer
 
     out, device, dtype = Path(opts.out), *_device_dtype(opts)
@@ -308,8 +308,8 @@ def run_eval(opts: EvalOptions) -> dict:
     """Run a whole evaluation; returns the ``eval.json`` object (also written with the other outputs)."""
     from tandem_rlvr.io import atomic_write_json
     from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
-    from tandem_rlvr.report import write_eval_report
-    from tandem_rlvr.evaluate import open_scorer
+    from tandem_rlvr.evaluation.report import write_eval_report
+    from tandem_rlvr.evaluation.evaluate import open_scorer
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -336,7 +336,7 @@ def run_eval(opts: EvalOptions) -> dict:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """``tandem-rlvr eval``: resolve the options, run, print the headline table."""
-    from tandem_rlvr.report import seniors_table
+    from tandem_rlvr.evaluation.report import seniors_table
 
     opts = resolve_options(args)
     obj = run_eval(opts)

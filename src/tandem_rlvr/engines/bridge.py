@@ -1,6 +1,6 @@
 """Text bridge: step-level tandem rollouts for a senior and a junior whose tokenizers differ.
 
-The lockstep engine (:mod:`tandem_rlvr.rollout`) needs one shared vocabulary. When the two models
+The lockstep engine (:mod:`tandem_rlvr.engines.rollout`) needs one shared vocabulary. When the two models
 tokenize differently, the shared history is kept as *text* instead:
 
 1. The current author reads ``its own prompt + its own encoding of the response text so far`` and
@@ -15,7 +15,7 @@ tokenize differently, the shared history is kept as *text* instead:
    entirely. If the chain ended with EOS, the senior's EOS token closes the response, owned by
    whoever emitted it.
 
-The result is a :class:`~tandem_rlvr.rollout.Rollout` over the senior's tokens, so the trainer's
+The result is a :class:`~tandem_rlvr.engines.rollout.Rollout` over the senior's tokens, so the trainer's
 loss mask (``response_mask * owner``) works unchanged. ``junior_logps_BT`` is None: the junior's
 log-probs live on its own tokens, which do not line up with the senior's.
 
@@ -38,8 +38,8 @@ import torch
 from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import BRIDGE
 from tandem_rlvr.errors import BridgeError
-from tandem_rlvr.handoff import STEP_END, CoinStream, Schedule, SequenceSchedule, TokenTable, step_end, token_table
-from tandem_rlvr.rollout import Rollout, Sampling, _logp_of, _Stream, rollout_from_rows, sample_tokens
+from tandem_rlvr.engines.handoff import STEP_END, CoinStream, Schedule, SequenceSchedule, TokenTable, step_end, token_table
+from tandem_rlvr.engines.rollout import Rollout, Sampling, _logp_of, _Stream, rollout_from_rows, sample_tokens
 
 __all__ = ["BridgeEngine", "BridgeError", "BridgeRollout", "bridge_generate", "check_bridge_schedule", "decode_turn",
            "make_side", "senior_token_owner", "tokenizers_differ"]
@@ -154,7 +154,7 @@ def _turn_text(side: Side, turn: _Turn) -> str:
 @dataclass
 class _Chains:
     """Per-row state of a bridged batch (plain Python: turns are few and rows are independent).
-    Who writes next is each row's :class:`~tandem_rlvr.handoff.SequenceSchedule`'s to say."""
+    Who writes next is each row's :class:`~tandem_rlvr.engines.handoff.SequenceSchedule`'s to say."""
 
     texts: list[str]
     spans: list[list[list[int]]]

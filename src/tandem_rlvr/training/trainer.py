@@ -1,6 +1,6 @@
 """The training loop, and nothing else: rollout → reward → old log-probs → PPO updates → log → save.
 
-The formulas live in :mod:`tandem_rlvr.core`; the arms differ only in three choices made in
+The formulas live in :mod:`tandem_rlvr.training.core`; the arms differ only in three choices made in
 :func:`arm_plan`: the rollout schedule, the loss mask and the KL weight. Every step's randomness
 (data order, sampling, handoff coins) is a pure function of ``(train.seed, step)``, so a resumed
 run continues exactly where an uninterrupted one would be.
@@ -17,17 +17,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tandem_rlvr import checkpoint as ckpt_mod
-from tandem_rlvr import core, dist, fsdp, rundir
+from tandem_rlvr.training import checkpoint as ckpt_mod
+from tandem_rlvr.training import core, dist, fsdp, rundir
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
-from tandem_rlvr.handoff import make_schedule
+from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.io import append_jsonl
 from tandem_rlvr.rewards import import_reward
-from tandem_rlvr.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask, sequence_logps  # noqa: F401 (API)
+from tandem_rlvr.training.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask, sequence_logps  # noqa: F401 (API)
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.factory import training_engine
-from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts
+from tandem_rlvr.engines.rollout import Rollout, Sampling, concat_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Trainer:
                                       chunk_size=cfg.handoff.chunk_size,
                                       vocab_size=self.pair.senior.get_output_embeddings().weight.shape[0])
         self.sharded = cfg.train.fsdp != "off"
-        if self.sharded:  # FSDP2 by hand (see tandem_rlvr.fsdp); the optimizer then sees the shards
+        if self.sharded:  # FSDP2 by hand (see tandem_rlvr.training.fsdp); the optimizer then sees the shards
             self.pair.senior = fsdp.shard(self.pair.senior.to(self.acc.device), cfg.train.fsdp,
                                           mixed_precision=str(self.acc.mixed_precision))
         params = [p for p in self.pair.senior.parameters() if p.requires_grad]
@@ -374,7 +374,7 @@ class Trainer:
 
     def validate(self) -> dict:
         """Solo validation of the senior (as the paper does); tracks the best checkpoint."""
-        from tandem_rlvr.evaluate import validate as run_val
+        from tandem_rlvr.evaluation.evaluate import validate as run_val
 
         cfg = self.cfg
         senior = self.acc.unwrap_model(self.senior)

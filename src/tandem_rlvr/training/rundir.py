@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from tandem_rlvr import checkpoint as ckpt_mod
+from tandem_rlvr.training import checkpoint as ckpt_mod
 from tandem_rlvr.config import Config, save_config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_text, read_jsonl

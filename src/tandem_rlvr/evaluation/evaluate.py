@@ -21,7 +21,7 @@ start with the very tokens the solo chains start with, which lowers the variance
 word-level tandem at p = 1 is token-for-token the solo run, so the curve's p = 1 point reuses it.
 Results are a pure function of (models, data, seed, batch size) on CPU.
 
-The command line (``tandem-rlvr eval``) lives in :mod:`tandem_rlvr.eval_cli`, which calls this module.
+The command line (``tandem-rlvr eval``) lives in :mod:`tandem_rlvr.evaluation.eval_cli`, which calls this module.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from tandem_rlvr import metrics as M
+from tandem_rlvr.evaluation import metrics as M
 from tandem_rlvr.config import eval_default
 from tandem_rlvr.data import encode_prompts
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.inprocess import InProcessEngine
-from tandem_rlvr.handoff import make_schedule
-from tandem_rlvr.rollout import Rollout, Sampling
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.rollout import Rollout, Sampling
 
 log = logging.getLogger(__name__)
 

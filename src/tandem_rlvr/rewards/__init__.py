@@ -13,7 +13,7 @@ worker stops itself after 85 % of the budget (``setitimer``) and the parent kill
 the limit (default 2 s, counted from dispatch). A timed-out check scores 0 and is counted; checks
 never raise and never hang. Workers are never forked without exec (the trainer holds torch threads):
 by default each is a fresh interpreter (``subprocess``, fork+exec like ``spawn``) that imports only
-``tandem_rlvr.reward_workers`` and math-verify once, over a ``multiprocessing.connection`` socket. That also works
+``tandem_rlvr.rewards.workers`` and math-verify once, over a ``multiprocessing.connection`` socket. That also works
 inside daemonic processes (DataLoader / Pool workers, where ``multiprocessing`` may not start
 children) and, unlike the ``spawn`` / ``forkserver`` contexts (available via ``start_method``), does
 not re-run the caller's ``__main__`` in every worker.
@@ -36,7 +36,7 @@ from multiprocessing import connection as mp_connection
 from typing import Any
 
 from tandem_rlvr.errors import TandemError
-from tandem_rlvr.reward_workers import Worker, shutdown_workers
+from tandem_rlvr.rewards.workers import Worker, shutdown_workers
 
 __all__ = [
     "DEFAULT_TIME_LIMIT", "REWARD_FNS", "RewardScorer", "boxed_exact_reward", "extract_boxed",

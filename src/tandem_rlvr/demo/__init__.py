@@ -79,7 +79,7 @@ def _jargon_metrics(texts: list[str]) -> dict:
 
 def _evaluate(senior, junior, tok, examples, plan: DemoPlan, scorer, seed: int, label: str,
               progress: bool = True) -> dict:
-    from tandem_rlvr.evaluate import eval_sampling, evaluate_pair
+    from tandem_rlvr.evaluation.evaluate import eval_sampling, evaluate_pair
     from tandem_rlvr.world.problems import jargon_rate
 
     metrics, chains = evaluate_pair(
@@ -123,7 +123,7 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     each, with the same numbers as one process (every job seeds itself). An interrupted demo resumes:
     evaluations already in ``out_dir/results.json`` (same plan, world and junior) are kept, the rest
     is trained and evaluated (``restart``: all)."""
-    from tandem_rlvr.demo_report import write_report
+    from tandem_rlvr.demo.report import write_report
     from tandem_rlvr.world.build import build_world
 
     plan = plan or (QUICK if quick else FULL)
@@ -214,7 +214,7 @@ def _run_job(ctx: _Context, job: tuple, progress: bool) -> tuple[list | None, di
     """Train (unless the warm start) and evaluate one job; returns ``(curve rows, eval metrics)``."""
     from tandem_rlvr.models import Pair
     from tandem_rlvr.rewards import RewardScorer
-    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.training.trainer import Trainer
 
     # The world's models are tiny: one intra-op thread is faster than several and immune to a busy machine.
     torch.set_num_threads(int(os.environ.get("TANDEM_RLVR_THREADS", "1")))

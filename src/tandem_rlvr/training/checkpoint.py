@@ -88,7 +88,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimiz
     """Write ``checkpoints/step-{step}`` atomically and prune all but the newest ``keep_last``.
 
     ``model_state`` / ``optim_state``: full states to write instead of the model's and optimizer's
-    own (those of a sharded senior, gathered by :mod:`tandem_rlvr.fsdp`)."""
+    own (those of a sharded senior, gathered by :mod:`tandem_rlvr.training.fsdp`)."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step-{step}"
@@ -139,11 +139,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bool | None = None) -> dict:
     """Restore weights, optimiser, scheduler and RNG states in place; returns the trainer state.
 
-    ``sharded_main`` (a senior sharded by :mod:`tandem_rlvr.fsdp`): whether this is the main process,
+    ``sharded_main`` (a senior sharded by :mod:`tandem_rlvr.training.fsdp`): whether this is the main process,
     which reads the full states and broadcasts them into every process's shards."""
     from safetensors.torch import load_file
 
-    from tandem_rlvr import fsdp
+    from tandem_rlvr.training import fsdp
 
     sharded = sharded_main is not None
     ts = torch.load(ckpt / "train_state.pt", weights_only=True)

@@ -1,5 +1,5 @@
 """What distinguishes the arms (rollout schedule, trained tokens, KL weight) and the log-probs of a
-rollout under a model: the pieces of a step that are not the loop (:mod:`tandem_rlvr.trainer`)."""
+rollout under a model: the pieces of a step that are not the loop (:mod:`tandem_rlvr.training.trainer`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_rlvr import core
+from tandem_rlvr.training import core
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
-from tandem_rlvr.rollout import Rollout
+from tandem_rlvr.engines.rollout import Rollout
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def sequence_logps(model, rollout: Rollout, temperature: float, micro: int = 0, 
 
 
 def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: float) -> torch.Tensor:
-    from tandem_rlvr.rollout import gqa_attention
+    from tandem_rlvr.engines.rollout import gqa_attention
 
     p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows]
     r_ids, r_mask = rollout.response_ids_BT[rows], rollout.response_mask_BT[rows]
