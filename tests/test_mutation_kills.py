@@ -1,0 +1,39 @@
+"""Tests written to kill mutants that `make mutate` found surviving (docs/mutation.md): numbers and
+invariants of the method's functions, checked against values computed here by hand."""
+
+import math
+
+import pytest
+
+from tandem_rlvr.evaluate import _ModeResult, _pass_metrics, _tax
+from tandem_rlvr.metrics import pass_at_k
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_tax_is_signed_percentage_points_of_solo_minus_handoff():
+    solo = _ModeResult(rewards=[[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    hand = _ModeResult(rewards=[[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0]])
+    d = [0.75 - 0.25, 0.25 - 0.0, 1.0 - 0.75]
+    se = math.sqrt(sum((x - _mean(d)) ** 2 for x in d) / 2 / 3)
+    t = _tax(solo, hand)
+    assert t["communication_tax"] == pytest.approx(100 * _mean(d))  # 33.3 points
+    assert t["communication_tax_se"] == pytest.approx(100 * se)
+    back = _tax(hand, solo)  # a handoff that helps is a negative tax
+    assert back["communication_tax"] == pytest.approx(-100 * _mean(d))
+    assert back["communication_tax_se"] == pytest.approx(100 * se)
+
+
+def test_pass_metrics_of_a_mode():
+    res = _ModeResult(rewards=[[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]], n_tokens=[3, 5, 7, 9, 11, 13, 2, 4],
+                      finished=[True, False, True, True, False, True, True, True])
+    m = _pass_metrics("solo", res, (1, 2, 8))
+    assert set(m) == {"solo_pass@1", "solo_pass@2", "solo_pass@1_se", "solo_len", "solo_finished"}
+    assert m["solo_pass@1"] == pytest.approx((0.25 + 0.75) / 2)
+    assert m["solo_pass@2"] == pytest.approx((pass_at_k(4, 1, 2) + pass_at_k(4, 3, 2)) / 2)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5) and pass_at_k(4, 3, 2) == pytest.approx(1.0)
+    assert m["solo_pass@1_se"] == pytest.approx(math.sqrt(((0.25 - 0.5) ** 2 + (0.75 - 0.5) ** 2) / 1 / 2))
+    assert m["solo_len"] == pytest.approx(_mean([3, 5, 7, 9, 11, 13, 2, 4]))
+    assert m["solo_finished"] == pytest.approx(6 / 8)
