@@ -4,9 +4,11 @@ invariants of the method's functions, checked against values computed here by ha
 import math
 
 import pytest
+import torch
 
 from tandem_rlvr.evaluate import _ModeResult, _pass_metrics, _tax
-from tandem_rlvr.metrics import pass_at_k
+from tandem_rlvr.handoff import make_schedule, simulate
+from tandem_rlvr.metrics import mean_pass_at_k, pass_at_k, pass_at_ks
 
 
 def _mean(xs):
@@ -15,8 +17,8 @@ def _mean(xs):
 
 def test_tax_is_signed_percentage_points_of_solo_minus_handoff():
     solo = _ModeResult(rewards=[[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
-    hand = _ModeResult(rewards=[[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0]])
-    d = [0.75 - 0.25, 0.25 - 0.0, 1.0 - 0.75]
+    hand = _ModeResult(rewards=[[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0]])
+    d = [0.75 - 0.25, 0.25 - 0.0, 1.0 - 0.5]
     se = math.sqrt(sum((x - _mean(d)) ** 2 for x in d) / 2 / 3)
     t = _tax(solo, hand)
     assert t["communication_tax"] == pytest.approx(100 * _mean(d))  # 33.3 points
@@ -37,3 +39,18 @@ def test_pass_metrics_of_a_mode():
     assert m["solo_pass@1_se"] == pytest.approx(math.sqrt(((0.25 - 0.5) ** 2 + (0.75 - 0.5) ** 2) / 1 / 2))
     assert m["solo_len"] == pytest.approx(_mean([3, 5, 7, 9, 11, 13, 2, 4]))
     assert m["solo_finished"] == pytest.approx(6 / 8)
+
+
+def test_pass_at_k_counts_rewards_at_the_threshold_and_single_samples():
+    assert mean_pass_at_k([[0.5, 0.0]], 1) == pytest.approx(0.5)  # reward == threshold is correct
+    assert mean_pass_at_k([[1.0], [0.0], [1.0], [0.2]], 1) == pytest.approx(0.5)  # one sample per problem
+    rewards = [[0.7, 0.2, 1.0], [0.7, 0.7, 0.0]]
+    assert pass_at_ks(rewards, (1, 2), threshold=1.0) == pytest.approx({1: (1 / 3 + 0) / 2, 2: (2 / 3 + 0) / 2})
+    assert pass_at_ks(rewards, (1,)) == pytest.approx({1: (2 / 3 + 2 / 3) / 2})
+
+
+def test_simulated_owner_is_a_long_mask():
+    owner, rounds = simulate(make_schedule("bernoulli", p=0.5), torch.zeros(3, 40, dtype=torch.long), seed=2)
+    assert owner.dtype == torch.long and set(owner.unique().tolist()) == {0, 1}
+    seen = 1 + (owner[:, 1:] != owner[:, :-1]).sum(1)  # turns visible in the stream; one more may start after it
+    assert ((rounds == seen) | (rounds == seen + 1)).all()
