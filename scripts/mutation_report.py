@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "mutation.md"
 REASONS = ROOT / "scripts" / "mutation_equivalent.toml"
-COLUMNS = ("killed", "timeout", "survived", "no tests", "other")
+COLUMNS = ("killed", "timeout", "survived", "no tests", "other", "not checked")
 
 
 def load_results(patterns: list[str]) -> dict[str, dict[str, str]]:
@@ -45,7 +45,8 @@ def diff_of(name: str) -> str:
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        lines = get_diff_for_mutant(name).splitlines()
+        path = Path("src", *name.split(".x_")[0].split(".xǁ")[0].split(".")).with_suffix(".py")
+        lines = get_diff_for_mutant(name, path=path).splitlines()
     finally:
         os.chdir(cwd)
     return "\n".join(ln for ln in lines if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
@@ -57,10 +58,10 @@ def render(results: dict[str, dict[str, str]], reasons: dict[str, str], seconds:
         c = Counter(s if s in COLUMNS else "other" for s in statuses.values())
         total.update(c)
         rows.append((module, c))
-    n = sum(total.values())
+    n = sum(total.values()) - total["not checked"]
     equivalent = sum(1 for st in results.values() for k, s in st.items() if s == "survived" and k in reasons)
     detected = total["killed"] + total["timeout"]
-    score = 100.0 * detected / n
+    score = 100.0 * detected / max(1, n)
     adjusted = 100.0 * detected / max(1, n - equivalent)
     lines = [
         "# Mutation testing",
@@ -71,7 +72,9 @@ def render(results: dict[str, dict[str, str]], reasons: dict[str, str], seconds:
         "in pyproject's `[tool.mutmut]`; each mutant runs only the selected tests that call its function.",
         "",
         f"**Score: {score:.1f}% of {n} mutants detected** ({detected} killed or timed out); "
-        f"{adjusted:.1f}% without the {equivalent} equivalent mutants listed below.",
+        f"{adjusted:.1f}% without the {equivalent} equivalent mutants listed below."
+        + (f" **Incomplete: {total['not checked']} mutants of the scope were not checked** (an interrupted "
+           "run; `bash scripts/mutate.sh --resume` continues it)." if total["not checked"] else ""),
         "",
         "| module | " + " | ".join(COLUMNS) + " |",
         "| --- |" + " ---: |" * len(COLUMNS),

@@ -54,3 +54,45 @@ def test_simulated_owner_is_a_long_mask():
     assert owner.dtype == torch.long and set(owner.unique().tolist()) == {0, 1}
     seen = 1 + (owner[:, 1:] != owner[:, :-1]).sum(1)  # turns visible in the stream; one more may start after it
     assert ((rounds == seen) | (rounds == seen + 1)).all()
+
+
+@pytest.fixture(scope="module")
+def trainer_parts(tokenizer):
+    from conftest import make_tiny_model
+
+    from tandem_rlvr.models import freeze
+
+    return make_tiny_model(len(tokenizer), 0, 48), freeze(make_tiny_model(len(tokenizer), 1, 32))
+
+
+def _one_step(tmp_path, tokenizer, parts, *over):
+    import copy
+    from types import SimpleNamespace
+
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.models import Pair
+    from tandem_rlvr.trainer import Trainer
+
+    examples = [SimpleNamespace(id=str(i), problem=f"What is {i} plus 1?", answer=str(i + 1)) for i in range(4)]
+    cfg = load_config(None, ["algo.arm=trlvr", "model.senior=unused", "model.junior=unused", "train.steps=1",
+                             "train.prompts_per_step=4", "algo.group_size=4", "algo.mini_batch_prompts=4",
+                             "rollout.max_new_tokens=12", f"train.out_dir={tmp_path}", "algo.lr=1e-2",
+                             "train.save_every=0", "train.progress=false", *over])
+    tr = Trainer(cfg, pair=Pair(copy.deepcopy(parts[0]), copy.deepcopy(parts[1]), tokenizer),
+                 reward_fn=lambda c, g: float(len(c) % 3 == 0), examples=examples)
+    row = tr.train_step(0)
+    return row
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_micro_batches_do_not_change_the_update(tmp_path, tokenizer, trainer_parts, loss_type):
+    """Gradient accumulation over micro-batches of 8 rollouts equals one backward over the mini-batch of 16:
+    a token-mean (dapo) chunk already divides by the mini-batch's token count, a per-sequence one is
+    weighted by its share of rows."""
+    whole = _one_step(tmp_path / "a", tokenizer, trainer_parts, f"algo.loss_type={loss_type}")
+    split = _one_step(tmp_path / "b", tokenizer, trainer_parts, f"algo.loss_type={loss_type}",
+                               "algo.micro_batch=8")
+    assert abs(whole["train/loss"]) > 1e-4
+    assert split["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-5, abs=1e-7)
+    # the gradient's norm before clipping (Adam's first step, lr * sign(g), would amplify rounding noise)
+    assert split["train/grad_norm"] == pytest.approx(whole["train/grad_norm"], rel=1e-5)
