@@ -84,7 +84,7 @@ def _one_step(tmp_path, tokenizer, parts, *over):
     return row
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 def test_micro_batches_do_not_change_the_update(tmp_path, tokenizer, trainer_parts, loss_type):
     """Gradient accumulation over micro-batches of 8 rollouts equals one backward over the mini-batch of 16:
     a token-mean (dapo) chunk already divides by the mini-batch's token count, a per-sequence one is
