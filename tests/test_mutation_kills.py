@@ -58,14 +58,16 @@ def test_simulated_owner_is_a_long_mask():
 
 @pytest.fixture(scope="module")
 def trainer_parts(tokenizer):
-    from conftest import make_tiny_model
+    from conftest import bias_token, make_tiny_model
 
     from tandem_rlvr.models import freeze
 
-    return make_tiny_model(len(tokenizer), 0, 48), freeze(make_tiny_model(len(tokenizer), 1, 32))
+    eos = tokenizer.eos_token_id  # an EOS bias: responses of varied lengths
+    return (bias_token(make_tiny_model(len(tokenizer), 0, 48), eos, 2.0),
+            freeze(bias_token(make_tiny_model(len(tokenizer), 1, 32), eos, 2.0)))
 
 
-def _one_step(tmp_path, tokenizer, parts, *over):
+def _one_step(tmp_path, tokenizer, parts, *over, spy=None):
     import copy
     from types import SimpleNamespace
 
@@ -80,11 +82,12 @@ def _one_step(tmp_path, tokenizer, parts, *over):
                              "train.save_every=0", "train.progress=false", *over])
     tr = Trainer(cfg, pair=Pair(copy.deepcopy(parts[0]), copy.deepcopy(parts[1]), tokenizer),
                  reward_fn=lambda c, g: float(len(c) % 3 == 0), examples=examples)
-    row = tr.train_step(0)
-    return row
+    if spy is not None:
+        spy(tr)
+    return tr.train_step(0)
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["dapo", "token_mean", "grpo", "dr_grpo"])
 def test_micro_batches_do_not_change_the_update(tmp_path, tokenizer, trainer_parts, loss_type):
     """Gradient accumulation over micro-batches of 8 rollouts equals one backward over the mini-batch of 16:
     a token-mean (dapo) chunk already divides by the mini-batch's token count, a per-sequence one is
@@ -96,3 +99,27 @@ def test_micro_batches_do_not_change_the_update(tmp_path, tokenizer, trainer_par
     assert split["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-5, abs=1e-7)
     # the gradient's norm before clipping (Adam's first step, lr * sign(g), would amplify rounding noise)
     assert split["train/grad_norm"] == pytest.approx(whole["train/grad_norm"], rel=1e-5)
+
+
+def test_dr_grpo_divides_by_each_mini_batch_longest_response(tmp_path, tokenizer, trainer_parts, monkeypatch):
+    """dr_grpo's max_len is the longest response of the mini-batch (over processes), not T or a token sum."""
+    from tandem_rlvr import core
+
+    seen, rollouts = [], []
+    real_loss = core.policy_loss
+
+    def loss_spy(*a, **kw):
+        seen.append(kw["max_len"])
+        return real_loss(*a, **kw)
+
+    def spy(tr):
+        real_update = tr.update
+        tr.update = lambda rollout, *a: rollouts.append(rollout) or real_update(rollout, *a)
+
+    monkeypatch.setattr(core, "policy_loss", loss_spy)
+    _one_step(tmp_path, tokenizer, trainer_parts, "algo.loss_type=dr_grpo", "algo.mini_batch_prompts=1",
+              "rollout.max_new_tokens=24", spy=spy)
+    lengths = rollouts[0].response_mask_BT.sum(-1)
+    want = [int(lengths[m:m + 4].max()) for m in range(0, 16, 4)]
+    assert seen == want
+    assert len(set(want)) > 1  # the mini-batches differ, so T or one global maximum would not pass
