@@ -60,7 +60,8 @@ def render(results: dict[str, dict[str, str]], reasons: dict[str, str], seconds:
         total.update(c)
         rows.append((module, c))
     n = sum(total.values()) - total["not checked"]
-    equivalent = sum(1 for st in results.values() for k, s in st.items() if s == "survived" and k in reasons)
+    equivalent = sum(1 for st in results.values() for k, s in st.items()
+                     if s == "survived" and k in reasons and not reasons[k].startswith("killed since"))
     detected = total["killed"] + total["timeout"]
     score = 100.0 * detected / max(1, n)
     adjusted = 100.0 * detected / max(1, n - equivalent)
@@ -77,7 +78,7 @@ def render(results: dict[str, dict[str, str]], reasons: dict[str, str], seconds:
         f"**Score: {score:.1f}% of {n} mutants detected** ({detected} killed or timed out); "
         f"{adjusted:.1f}% without the {equivalent} equivalent mutants listed below."
         + (f" **Incomplete: {total['not checked']} mutants of the scope were not checked** (an interrupted "
-           "run; `bash scripts/mutate.sh --resume` continues it)." if total["not checked"] else ""),
+           "run; `bash scripts/mutate.sh --resume` continues one while pyproject's [tool.mutmut] is unchanged)." if total["not checked"] else ""),
         "",
         "| module | " + " | ".join(COLUMNS) + " |",
         "| --- |" + " ---: |" * len(COLUMNS),
@@ -117,7 +118,9 @@ def main() -> int:
     if args.seconds is not None:
         took.write_text(str(args.seconds))
     seconds = int(took.read_text()) if took.exists() else 0
-    reasons = tomllib.loads(REASONS.read_text())["equivalent"] if REASONS.exists() else {}
+    table = tomllib.loads(REASONS.read_text()) if REASONS.exists() else {}
+    reasons = table.get("equivalent", {})
+    reasons |= {k: f"killed since by {v}" for k, v in table.get("killed_since", {}).items()}
     text, unexplained = render(results, reasons, seconds, args.note)
     tmp = OUT.with_suffix(".md.tmp")
     tmp.write_text(text)
