@@ -93,6 +93,9 @@ class TrainConfig:
     max_nonfinite: int = _f(3, "Stop (with a checkpoint) after this many non-finite updates in a row.")
     trackers: list = _f([], "Extra accelerate trackers, e.g. [tensorboard] or [wandb].")
     progress: bool = _f(True, "Show a progress bar.")
+    preempt_exit_code: int = _f(143, "Exit code after SIGTERM/SIGUSR1/SIGINT stopped the run with a checkpoint (a requeue script tells it from a failure; 143 = 128 + SIGTERM).")
+    watchdog_s: float = _f(1800.0, "Stop with a stack dump of every thread (exit 124) when a step makes no progress for this many seconds (0 = off).")
+    collective_timeout_s: float = _f(1800.0, "Multi-process: a collective waiting longer than this for a peer fails, and the run stops naming the vanished rank (exit 75).")
     fsdp: str = _f("off", "Shard the senior over the processes with FSDP2: off (DDP, a full copy each), full (parameters, gradients, AdamW states sharded; like ZeRO-3) or zero2 (gradients and AdamW states; like ZeRO-2). Needs a multi-process launch.")
 
 
@@ -281,6 +284,9 @@ def validate(cfg: Config) -> None:
          "LoRA seniors are small enough for DDP"),
         (t.save_every >= 0 and t.keep_last >= 1, "train.save_every", "save_every must be >= 0 and keep_last >= 1"),
         (t.max_nonfinite >= 1, "train.max_nonfinite", f"must be >= 1, got {t.max_nonfinite}"),
+        (0 < t.preempt_exit_code < 256, "train.preempt_exit_code", f"must be in 1..255, got {t.preempt_exit_code}"),
+        (t.watchdog_s >= 0 and math.isfinite(t.watchdog_s), "train.watchdog_s", f"must be >= 0 (0 = off), got {t.watchdog_s}"),
+        (0 < t.collective_timeout_s < math.inf, "train.collective_timeout_s", f"must be a finite number > 0, got {t.collective_timeout_s}"),
         (0 < cfg.data.reward_timeout_s < math.inf and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),
         (cfg.val.every == 0 or bool(cfg.val.data), "val.data", "is required when val.every > 0"),
         (not cfg.model.bridge or (a.arm == "trlvr" and h.schedule in ("step", "alternate") and not cfg.model.self_paired),
