@@ -284,9 +284,6 @@ def validate(cfg: Config) -> None:
          "LoRA seniors are small enough for DDP"),
         (t.save_every >= 0 and t.keep_last >= 1, "train.save_every", "save_every must be >= 0 and keep_last >= 1"),
         (t.max_nonfinite >= 1, "train.max_nonfinite", f"must be >= 1, got {t.max_nonfinite}"),
-        (0 < t.preempt_exit_code < 256, "train.preempt_exit_code", f"must be in 1..255, got {t.preempt_exit_code}"),
-        (t.watchdog_s >= 0 and math.isfinite(t.watchdog_s), "train.watchdog_s", f"must be >= 0 (0 = off), got {t.watchdog_s}"),
-        (0 < t.collective_timeout_s < math.inf, "train.collective_timeout_s", f"must be a finite number > 0, got {t.collective_timeout_s}"),
         (0 < cfg.data.reward_timeout_s < math.inf and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),
         (cfg.val.every == 0 or bool(cfg.val.data), "val.data", "is required when val.every > 0"),
         (not cfg.model.bridge or (a.arm == "trlvr" and h.schedule in ("step", "alternate") and not cfg.model.self_paired),
@@ -299,9 +296,19 @@ def validate(cfg: Config) -> None:
         band = a.senior_frac_band
         ok = len(band) == 2 and all(isinstance(x, (int, float)) for x in band) and 0 <= band[0] <= band[1] <= 1
         checks.append((ok, "algo.senior_frac_band", f"must be [low, high] with 0 <= low <= high <= 1, got {band}"))
-    for ok, key, msg in checks:
+    for ok, key, msg in checks + _fault_checks(t):
         if not ok:
             raise ConfigError(f"config key {key!r} {msg}")
+
+
+def _fault_checks(t: TrainConfig) -> list:
+    """Checks of the preemption, watchdog and collective-timeout keys (see tandem_rlvr.preempt)."""
+    return [
+        (0 < t.preempt_exit_code < 256 and t.preempt_exit_code not in (2, 75, 124), "train.preempt_exit_code",
+         f"must be in 1..255 and differ from the other exit codes (2, 75, 124), got {t.preempt_exit_code}"),
+        (t.watchdog_s >= 0 and math.isfinite(t.watchdog_s), "train.watchdog_s", f"must be >= 0 (0 = off), got {t.watchdog_s}"),
+        (0 < t.collective_timeout_s < math.inf, "train.collective_timeout_s", f"must be a finite number > 0, got {t.collective_timeout_s}"),
+    ]
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

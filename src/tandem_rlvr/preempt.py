@@ -32,7 +32,7 @@ from tandem_rlvr import checkpoint as ckpt_mod
 from tandem_rlvr import dist
 from tandem_rlvr.errors import Preempted
 from tandem_rlvr.io import atomic_write_json
-from tandem_rlvr.watchdog import PeerWatch, Watchdog, is_collective_failure
+from tandem_rlvr.watchdog import PeerWatch, Watchdog, is_collective_failure, peer_lost
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +78,14 @@ class RunGuard:
         self._install()
         self.watchdog.start()
         if self.world > 1:
-            self.peers = PeerWatch(self.rank, self.world).start()
+            self.peers = PeerWatch.started(self.rank, self.world)
         t.rollout = self._rollout  # shadows Trainer.rollout for the loop: the first safe point
         try:
             yield self
         except Exception as e:
-            if self.peers is not None and not isinstance(e, Preempted) and is_collective_failure(e):
-                raise self.peers.lost(e, t.cfg.train.collective_timeout_s,
-                                      ckpt_mod.latest_checkpoint(t.run_dir)) from e
+            if self.world > 1 and not isinstance(e, Preempted) and is_collective_failure(e):
+                raise peer_lost(self.peers, self.rank, e, t.cfg.train.collective_timeout_s,
+                                ckpt_mod.latest_checkpoint(t.run_dir)) from e
             raise
         finally:
             vars(t).pop("rollout", None)

@@ -117,6 +117,15 @@ class PeerWatch:
         self._thread.start()
         return self
 
+    @classmethod
+    def started(cls, rank: int, world: int) -> PeerWatch | None:
+        """A running PeerWatch, or None (logged) where the store cannot be used: then failures name no rank."""
+        try:
+            return cls(rank, world).start()
+        except Exception as e:
+            log.warning("no heartbeats (the rendezvous store is not usable: %s): a vanished peer will not be named", e)
+            return None
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -154,14 +163,17 @@ class PeerWatch:
                                        f"{after[r]['phase']})" if after[r] else " (never beat)") for r in gone)
         return f"{desc} of {self.world} vanished"
 
-    def lost(self, exc: BaseException, timeout_s: float, last_ckpt: Path | None) -> PeerLost:
-        """The error to stop with after the collective failure ``exc``."""
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        first = first if len(first) <= 160 else first[:160] + "..."
-        kept = f"The last checkpoint {last_ckpt} is intact" if last_ckpt else "No checkpoint was written yet"
-        return PeerLost(f"{self.diagnose()}; rank {self.rank} stopped when a collective failed "
-                        f"(train.collective_timeout_s={timeout_s:g}): {first}. {kept}; rerun the same command "
-                        "(all processes) to resume")
+
+
+def peer_lost(peers: PeerWatch | None, rank: int, exc: BaseException, timeout_s: float,
+              last_ckpt: Path | None) -> PeerLost:
+    """The error to stop with after the collective failure ``exc`` (``peers``: None without heartbeats)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = first if len(first) <= 160 else first[:160] + "..."
+    kept = f"The last checkpoint {last_ckpt} is intact" if last_ckpt else "No checkpoint was written yet"
+    who = peers.diagnose() if peers is not None else "a peer vanished or stopped answering (no heartbeats to name it)"
+    return PeerLost(f"{who}; rank {rank} stopped when a collective failed (train.collective_timeout_s={timeout_s:g}): "
+                    f"{first}. {kept}; rerun the same command (all processes) to resume")
 
 
 def _where(beats: dict) -> str:
