@@ -10,7 +10,8 @@ stuck in a collective, a C extension or an endless Python loop is caught alike.
 :class:`PeerWatch` (multi-process runs): every process writes a heartbeat (time and phase) to
 the rendezvous store every :data:`BEAT_S` seconds. When a collective fails (a peer's connection
 closed, or nothing came within ``train.collective_timeout_s``) the heartbeats say which rank
-vanished: the one whose heartbeat stopped advancing.
+vanished: the one whose heartbeat stopped advancing. Each process also watches the next rank's
+heartbeat and logs it once it has been silent for :data:`SILENT_S` seconds.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tandem_rlvr.errors import EXIT_HUNG, PeerLost
 log = logging.getLogger(__name__)
 
 BEAT_S = 1.0  # heartbeat period of PeerWatch
+SILENT_S = 30.0  # a neighbour silent this long is reported at once (before any collective times out)
 
 
 class Watchdog:
@@ -111,6 +113,7 @@ class PeerWatch:
         self.state = {"phase": "start"}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tandem-heartbeat", daemon=True)
+        self._seen, self._since, self._reported = None, time.monotonic(), False
 
     def start(self) -> PeerWatch:
         self._beat()
@@ -133,11 +136,31 @@ class PeerWatch:
         self.store.set(f"tandem/hb/{self.rank}", json.dumps({"t": time.time(), **self.state}))
 
     def _run(self) -> None:
+        beats = 0
         while not self._stop.wait(BEAT_S):
             try:
                 self._beat()
+                beats += 1
+                if beats % 5 == 0:
+                    self._watch_neighbour()
             except Exception:  # the store's host is gone; diagnose() says so
                 return
+
+    def _watch_neighbour(self) -> None:
+        """Each rank watches the next one's heartbeat (a ring: one store read per rank every 5 s) and
+        logs a silent one once, so its name is in the log even where a timed-out NCCL collective aborts
+        the process before :func:`peer_lost` can run."""
+        r = (self.rank + 1) % self.world
+        key = f"tandem/hb/{r}"
+        beat = json.loads(self.store.get(key)) if self.store.check([key]) else None
+        now = time.monotonic()
+        if beat != self._seen:
+            self._seen, self._since = beat, now
+        elif now - self._since > SILENT_S and not self._reported:
+            self._reported = True
+            log.error("rank %d wrote no heartbeat for %.0f s (last in %s): it vanished or is frozen; collectives "
+                      "with it fail within train.collective_timeout_s", r, now - self._since,
+                      beat["phase"] if beat else "nothing, never beat")
 
     def _read(self) -> dict[int, dict | None]:
         out = {}
