@@ -111,8 +111,12 @@ def test_sigterm_and_sigusr1_stop_with_a_checkpoint_and_resume_equals_uninterrup
             time.sleep(0.01)
         real_checksums(path)
 
-    def signal_later():
-        if _wait_rows(lambda: True, run, stopped_at, rng.uniform(0, 0.4)) and callable(signal.getsignal(signal.SIGUSR1)):
+    def signal_later():  # once the run's handlers are in place (never to pytest's defaults)
+        t0 = time.time()
+        while not callable(signal.getsignal(signal.SIGUSR1)) and time.time() - t0 < 300:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.6))
+        if callable(signal.getsignal(signal.SIGUSR1)):
             sent.append(True)
             os.kill(os.getpid(), signal.SIGUSR1)
 
@@ -338,7 +342,7 @@ def test_a_vanished_rank_is_named_by_the_survivor_within_the_bound(tmp_path, mod
         procs[1].kill()
     err = (tmp_path / "rank0.err").read_text()
     assert code == 75, err[-2000:]
-    assert took < timeout + 15, took  # the bound: the collective timeout, plus 4 s watching the heartbeats
+    assert took < timeout + 20, took  # the bound: the collective timeout, plus 4 s watching the heartbeats
     assert "rank 1 (last heartbeat" in err and "of 2 vanished" in err and f"collective_timeout_s={timeout}" in err
     assert integrity.damage(integrity.newest_intact_checkpoint(tmp_path / "run")) is None
     if sig == signal.SIGSTOP:  # silent for 30 s before the 40 s timeout: logged by its ring neighbour
@@ -349,17 +353,17 @@ def test_a_vanished_rank_is_named_by_the_survivor_within_the_bound(tmp_path, mod
 
 def test_watchdog_stops_a_stalled_step_with_a_stack_dump(tmp_path, model_dirs):
     cfg = _cfg(tmp_path, model_dirs, steps=3)
-    t0 = time.time()
     res = subprocess.run([sys.executable, "-m", "tandem_rlvr", "train", str(cfg), "train.watchdog_s=3",
                           "data.reward=rewards_for_tests:stall_in_step_two"], env=_env(), capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 124, res.stderr[-2000:]
-    assert re.search(r"watchdog: rank 0 made no progress for \d+ s in the reward and update of step 2 "
-                     r"\(train.watchdog_s=3\)", res.stderr), res.stderr[-2000:]
+    m = re.search(r"watchdog: rank 0 made no progress for (\d+) s in the reward and update of step 2 "
+                  r"\(train.watchdog_s=3\)", res.stderr)
+    assert m and 3 <= int(m.group(1)) < 30, res.stderr[-2000:]
     assert "Thread 0x" in res.stderr and "stall_in_step_two" in res.stderr  # every thread's stack, the culprit in it
     dump = (tmp_path / "run" / "watchdog-rank0.txt").read_text()
     assert "stall_in_step_two" in dump
-    assert _n_rows(tmp_path / "run") == 1 and time.time() - t0 < 120
+    assert _n_rows(tmp_path / "run") == 1
 
 
 def test_fault_config_keys_are_documented_and_checked():

@@ -67,9 +67,9 @@ class Watchdog:
         msg = (f"tandem-rlvr train: watchdog: rank {self.rank} made no progress for {idle:.0f} s in {self.what} "
                f"(train.watchdog_s={self.seconds:g}); the stack of every thread follows (also in {self.dump_path}); "
                f"stopping with exit code {EXIT_HUNG}. Rerun the same command to resume from the last checkpoint")
-        log.error(msg)
-        print(msg, file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        err = sys.__stderr__  # the process's real stderr (faulthandler needs a file descriptor)
+        print(msg, file=err, flush=True)
+        faulthandler.dump_traceback(file=err, all_threads=True)
         try:
             self.dump_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.dump_path, "w", encoding="utf-8") as f:
@@ -77,9 +77,9 @@ class Watchdog:
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
         except OSError as e:
-            print(f"(could not write {self.dump_path}: {e})", file=sys.stderr)
+            print(f"(could not write {self.dump_path}: {e})", file=err)
         _end_children()
-        sys.stderr.flush()
+        err.flush()
         os._exit(EXIT_HUNG)
 
 
