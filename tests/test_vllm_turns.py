@@ -6,6 +6,8 @@ stop semantics and one token per step, backed by the in-process models: same tok
 and finished flags as the lockstep engine under greedy decoding; faults. Slow: the real engines.
 """
 
+import copy
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +17,9 @@ from test_vllm import GLUE_NL, _assert_same, _in_process, _model, batch  # noqa:
 from tandem_rlvr.bridge import SeededCoins
 from tandem_rlvr.handoff import make_schedule, row_advance, row_start, simulate, turn_limits
 from tandem_rlvr.rollout import SCHEDULE_SEED_OFFSET, Sampling
+from tandem_rlvr.vllm_turns import EngineFault
+
+NEAR_GREEDY = 1e-5  # the trainer needs temperature > 0; this close to 0 sampling is the argmax
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +77,31 @@ class StepStandIn:
     request; a request finishes at a stop id (kept in the output) or at ``max_tokens``; outputs are
     cumulative and carry the external request id. ``hang``/``fail_after`` make faults."""
 
-    def __init__(self, model, pad_id: int, fail_after: int | None = None, hang=None):
-        self.model, self.pad = model, pad_id
+    def __init__(self, model, pad_id: int, fault_after_push: str | None = None, hang=None):
+        self.model, self.pad = copy.deepcopy(model), pad_id
         self.live: dict[str, tuple[list[int], list[int], object]] = {}
-        self.steps, self.added, self.aborted, self.batch_sizes = 0, 0, 0, []
-        self.fail_after, self.hang = fail_after, hang
+        self.gens: dict[str, torch.Generator] = {}
+        self.steps, self.added, self.aborted, self.batch_sizes, self.pushes = 0, 0, 0, [], 0
+        self.fault_after_push, self.hang = fault_after_push, hang
 
     def add_request(self, rid, prompt, params):
-        assert params.temperature == 0 and params.n == 1 and params.max_tokens >= 1
+        assert params.n == 1 and params.max_tokens >= 1 and not params.detokenize
         self.live[rid] = (list(prompt["prompt_token_ids"]), [], params)
+        self.gens[rid] = torch.Generator().manual_seed(params.seed)
         self.added += 1
         return rid + "-internal"
+
+    def collective_rpc(self, method, kwargs):  # a weight push (see vllm_backend.push_weights)
+        self.model.load_state_dict(dict(kwargs["weights_iterator"]), strict=False)
+        self.pushes += 1
+
+    def reset_prefix_cache(self):
+        pass
+
+    def _pick(self, logits_V, sp, rid) -> int:
+        if sp.temperature <= NEAR_GREEDY:
+            return int(logits_V.argmax())
+        return int(torch.multinomial((logits_V / sp.temperature).softmax(-1), 1, generator=self.gens[rid]))
 
     def abort_request(self, rids, internal=False):
         for r in rids:
@@ -93,9 +112,9 @@ class StepStandIn:
 
     @torch.no_grad()
     def step(self):
-        if self.hang is not None:
+        if self.pushes and self.fault_after_push == "hang":
             self.hang.wait()
-        if self.fail_after is not None and self.steps >= self.fail_after:
+        if self.pushes and self.fault_after_push == "raise":
             raise RuntimeError("CUDA error: an illegal memory access was encountered (stand-in)")
         self.steps += 1
         rids = list(self.live)
@@ -105,10 +124,11 @@ class StepStandIn:
         ids = torch.tensor([[self.pad] * (L - len(s)) + s for s in seqs])
         mask = torch.tensor([[0] * (L - len(s)) + [1] * len(s) for s in seqs])
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        nxt = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].argmax(-1).tolist()
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].float()
         outs = []
-        for r, tok in zip(rids, nxt):
+        for r, logits_V in zip(rids, logits):
             _, gen, sp = self.live[r]
+            tok = self._pick(logits_V, sp, r)
             gen.append(tok)
             finished = tok in sp.stop_token_ids or len(gen) >= sp.max_tokens
             outs.append(SimpleNamespace(request_id=r, finished=finished, outputs=[SimpleNamespace(token_ids=list(gen))]))
@@ -180,3 +200,74 @@ def test_same_author_turns_cost_no_request_with_abort(tok, pair, batch):
     assert counts["abort"]["same_author_requests"] == 0 < counts["stop"]["same_author_requests"]
     assert counts["abort"]["requests"] < counts["stop"]["requests"]
     assert counts["abort"]["aborts"] > 0 and counts["abort"]["wasted_tokens"] == 0
+
+
+# -- the trainer on word turns; faults ------------------------------------------------------------------------
+def _train_cfg(tmp_path, name, *extra):
+    from tandem_rlvr.config import load_config
+
+    return load_config(None, [
+        "algo.arm=trlvr", "model.senior=unused", "model.junior=unused", "train.steps=2", "train.prompts_per_step=4",
+        "algo.group_size=4", "algo.mini_batch_prompts=2", "rollout.max_new_tokens=16", f"rollout.temperature={NEAR_GREEDY}",
+        "rollout.engine=vllm", f"train.out_dir={tmp_path / name}", "algo.lr=1e-3", "train.save_every=1",
+        "train.progress=false", "handoff.schedule=word", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]", *extra])
+
+
+def _trainer(cfg, tokenizer, models, stand=None):
+    from test_trainer import EXAMPLES, length_reward
+
+    from tandem_rlvr.models import Pair
+    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    vllm = None
+    if stand is not None:
+        vllm = VLLMEngine(*stand, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
+                          sampling_params_cls=lambda **k: SimpleNamespace(**k), timeout_s=cfg.rollout.vllm_timeout_s)
+    s, j = models
+    return Trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
+                   examples=EXAMPLES, vllm_engine=vllm)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tokenizer):
+    from conftest import make_tiny_model
+
+    from tandem_rlvr.models import freeze
+
+    return make_tiny_model(len(tokenizer), 0, 48), freeze(make_tiny_model(len(tokenizer), 1, 32))
+
+
+def test_trainer_word_rollouts_come_from_the_turn_driver(tmp_path, tokenizer, tiny_models):
+    ref = _trainer(_train_cfg(tmp_path, "hf", "rollout.engine=hf"), tokenizer, tiny_models).rollout(0)[0]
+    stand = tuple(StepStandIn(m, tokenizer.pad_token_id) for m in tiny_models)
+    tr = _trainer(_train_cfg(tmp_path, "vllm"), tokenizer, tiny_models, stand)
+    got = tr.rollout(0)[0]
+    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "finished_B", "rounds_B"):
+        assert torch.equal(getattr(ref, name).long(), getattr(got, name).long()), name
+    owners = got.owner_BT[got.response_mask_BT.bool()].float()
+    assert 0 < float(owners.mean()) < 1 and stand[1].added > 0, "the word schedule must hand off here"
+    assert tr.vllm.step_metrics()["rollout/vllm_requests"] == stand[0].added + stand[1].added
+
+
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_engine_fault_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, tokenizer, tiny_models, fault):
+    from tandem_rlvr.checkpoint import complete_checkpoints
+
+    release = threading.Event()
+    stand = (StepStandIn(tiny_models[0], tokenizer.pad_token_id, fault_after_push=fault, hang=release),
+             StepStandIn(tiny_models[1], tokenizer.pad_token_id))
+    cfg = _train_cfg(tmp_path, fault, "train.steps=3", "rollout.vllm_timeout_s=1.0")
+    tr = _trainer(cfg, tokenizer, tiny_models, stand)
+    match = "did not answer a step within 1 s" if fault == "hang" else "senior engine failed in step mid-rollout"
+    try:
+        with pytest.raises(EngineFault, match=match):
+            tr.train()  # step 1 runs, its update is pushed, step 2's rollout meets the fault
+    finally:
+        release.set()
+    assert stand[0].pushes == 1
+    ckpts = complete_checkpoints(tmp_path / fault)
+    assert [c.name for c in ckpts] == ["step-1"], "the last checkpoint is kept, nothing newer is written"
+    resumed = _trainer(cfg, tokenizer, tiny_models, tuple(StepStandIn(m, tokenizer.pad_token_id) for m in tiny_models))
+    resumed.train()  # the kept checkpoint resumes
+    assert [c.name for c in complete_checkpoints(tmp_path / fault)][-1] == "step-3"

@@ -161,7 +161,8 @@ def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad
     junior = None
     if uses_junior:
         junior = make(senior_path if m.self_paired else resolve_name(m.junior), **kw)
-    return VLLMEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
+    return VLLMEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+                      timeout_s=r.vllm_timeout_s, max_in_flight=r.vllm_in_flight)
 
 
 # -- generation --------------------------------------------------------------------------------------
@@ -198,6 +199,7 @@ class VLLMEngine:
         self.pad = int(pad_token_id)
         self.turn_options = dict(timeout_s=timeout_s, max_in_flight=max_in_flight, turn_stop=turn_stop)
         self._driver = None
+        self.turn_totals: dict[str, float] = {}  # word/bernoulli/chunk counters since step_metrics() last ran
 
     def _params(self, sampling: Sampling, max_tokens: int, seed: int, *, stop: bool, n: int = 1):
         return self.params_cls(
@@ -224,6 +226,12 @@ class VLLMEngine:
             self._driver = vt.TurnDriver(engines, self._turn_params, eos=set(self.eos),
                                          max_model_len=vt.context_length(self.senior), **opts)
         return self._driver
+
+    def step_metrics(self) -> dict[str, float]:
+        """The turn driver's counters since the last call, as ``rollout/vllm_*`` metrics (then reset)."""
+        out = {f"rollout/vllm_{k}": float(v) for k, v in self.turn_totals.items()}
+        self.turn_totals = {}
+        return out
 
     def _turn_params(self, s: Sampling, max_tokens: int, stop_ids: list[int], seed: int):
         return self.params_cls(n=1, max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,

@@ -273,7 +273,9 @@ def generate_turns(engine, prompt_ids_BP, prompt_mask_BP, schedule: Schedule, sa
     coins = SeededCoins(len(prompts), schedule.p, seed)
     rows = start_rows(prompts, schedule, coins)
     driver = engine.turn_driver()
-    driver.play(rows, schedule, sampling, coins, seed=seed, max_rounds=max_rounds)
+    stats = driver.play(rows, schedule, sampling, coins, seed=seed, max_rounds=max_rounds)
+    for k in ("requests", "same_author_requests", "aborts", "context_cut", "prompt_tokens", "tokens"):
+        engine.turn_totals[k] = engine.turn_totals.get(k, 0) + stats[k]
     return _to_rollout(rows, prompt_ids_BP, prompt_mask_BP, engine.pad, schedule.name, max_rounds)
 
 
