@@ -305,3 +305,56 @@ def test_vllm_turns_match_the_lockstep_engine(tok, pair, batch, real_engines, na
                         turn_stop=turn_stop, max_in_flight=4)
     _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=4))
     assert engine.turn_driver().stats["requests"] > len(PROBLEMS)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
+def test_word_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path):
+    """Two trlvr steps with word handoffs on real engines started by the trainer; afterwards the senior engine
+    decodes exactly what the trained model does, solo and in word tandem with the (never pushed) junior."""
+    from dataclasses import dataclass
+
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.models import Pair, freeze
+    from tandem_rlvr.rollout import generate
+    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.vllm_backend import make_llm, training_engine
+
+    @dataclass(frozen=True)
+    class Ex:
+        id: str
+        problem: str
+        answer: str
+
+    dirs = {}
+    for name, model in zip(("senior", "junior"), pair):
+        dirs[name] = tmp_path / name
+        model.save_pretrained(str(dirs[name]))
+        tok.save_pretrained(str(dirs[name]))
+    cfg = load_config(None, [
+        "algo.arm=trlvr", f"model.senior={dirs['senior']}", f"model.junior={dirs['junior']}", "model.dtype=float32",
+        "handoff.schedule=word", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]", "rollout.engine=vllm",
+        "train.steps=2", "train.prompts_per_step=4", "algo.group_size=4", "algo.mini_batch_prompts=2",
+        "rollout.max_new_tokens=24", "rollout.max_prompt_tokens=256", "rollout.temperature=1.0", "algo.lr=1e-2",
+        f"train.out_dir={tmp_path / 'run'}", "train.save_every=0", "train.progress=false"])
+
+    def make(path, **kw):
+        kw.pop("gpu_memory_utilization")
+        return make_llm(path, **kw, kv_cache_memory_bytes=2**28, enforce_eager=True)
+
+    engine = training_engine(cfg, uses_junior=True, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                             make=make)
+    examples = [Ex(str(i), p, "7") for i, p in enumerate(PROBLEMS[:4])]
+    tr = Trainer(cfg, pair=Pair(copy.deepcopy(pair[0]).train(), freeze(copy.deepcopy(pair[1])), tok), examples=examples,
+                 reward_fn=lambda c, g: float(len(c) % 2), vllm_engine=engine)
+    tr.train()
+    rows = [__import__("json").loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["rollout/vllm_requests"] > 16 and 0 < r["rollout/senior_token_frac"] < 1 for r in rows)
+    trained = tr.acc.unwrap_model(tr.senior).eval()
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), pair[0].parameters()))
+    sampling = Sampling(max_new_tokens=30, temperature=0)
+    word = make_schedule("word", tok, p=0.5)
+    for schedule, junior in ((make_schedule("none"), None), (word, pair[1])):
+        ref = generate(trained, junior, *batch, schedule, sampling, eos_token_ids=[tok.eos_token_id],
+                       pad_token_id=tok.pad_token_id, seed=1, record_junior=False)
+        _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=1))
