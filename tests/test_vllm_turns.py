@@ -174,6 +174,8 @@ def test_max_rounds_and_context_cut(tok, pair, batch):
     ref = _in_process(tok, pair, batch, schedule, sampling, seed=2, max_rounds=3)
     engine, _ = _engine(tok, pair)
     _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=2, max_rounds=3))
+    longest = int(ref.response_mask_BT.sum(-1).max())
+    assert engine.turn_driver().stats["steps"] == longest, "no barrier: every round adds a token to every live row"
 
     lens = batch[1].sum(-1)
     engine, _ = _engine(tok, pair)
