@@ -154,6 +154,8 @@ TURN_CASES = [("word", {"p": p, "max_gap": 4}) for p in (0.25, 0.5, 0.75)] + \
 @pytest.mark.parametrize("name,kw", TURN_CASES)
 @pytest.mark.parametrize("turn_stop", ["abort", "stop"])
 def test_turns_match_the_lockstep_engine(tok, pair, batch, name, kw, turn_stop):
+    if turn_stop == "stop" and name != "word":
+        pytest.skip("turn_stop only changes word turns")
     schedule = make_schedule(name, tok, **kw)
     sampling = Sampling(max_new_tokens=40, temperature=0)
     ref = _in_process(tok, pair, batch, schedule, sampling, seed=4)
