@@ -362,3 +362,22 @@ def test_word_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp
         ref = generate(trained, junior, *batch, schedule, sampling, eos_token_ids=[tok.eos_token_id],
                        pad_token_id=tok.pad_token_id, seed=1, record_junior=False)
         _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=1))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
+def test_eval_word_curve_on_vllm_matches_in_process(tok, pair, real_engines):
+    """``tandem-rlvr eval --engine vllm``: solo, step handoff and the word-handoff curve sampled on the engines
+    give the in-process numbers and chains under greedy decoding."""
+    from test_trainer import EXAMPLES, length_reward
+
+    from tandem_rlvr.evaluate import evaluate_pair
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    kw = dict(n=1, sampling=Sampling(24, 0.0), reward_fn=length_reward, curve_ps=[0.25, 0.75], progress=False,
+              context=400)
+    ref, ref_chains = evaluate_pair(*pair, tok, EXAMPLES[:4], **kw)
+    engine = VLLMEngine(*real_engines, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    got, got_chains = evaluate_pair(*pair, tok, EXAMPLES[:4], engine=engine, **kw)
+    assert engine.turn_driver().stats["requests"] > 4, "the curve's word chains come from the engines"
+    assert got == ref and got_chains == ref_chains
