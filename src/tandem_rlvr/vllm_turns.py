@@ -210,9 +210,9 @@ class TurnDriver:
         self.stats["steps"] += 1
         return outs
 
-    def _call(self, author: bool, fn):
+    def _call(self, author: bool, fn, what: str = "add_request"):
         self.workers[author].submit(fn)
-        return self._wait(author, "add_request")
+        return self._wait(author, what)
 
     def _wait(self, author: bool, what: str):
         try:
@@ -240,7 +240,7 @@ class TurnDriver:
         for i, tok in enumerate(toks):
             if self._take(row, req.b, tok):
                 if not out.finished:
-                    self._call(req.author, lambda: self.engines[req.author].abort_request([key]))
+                    self._call(req.author, lambda: self.engines[req.author].abort_request([key]), "abort_request")
                     self.stats["aborts"] += 1
                 self.stats["wasted_tokens"] += len(toks) - i - 1
                 del live[key]
