@@ -1,4 +1,4 @@
-"""vLLM backend (optional extra ``tandem-rlvr[vllm]``): solo and step-level generation on vLLM engines.
+"""vLLM backend (optional extra ``tandem-rlvr[vllm]``): solo and tandem generation on vLLM engines.
 
 What it serves, with the same :class:`~tandem_rlvr.rollout.Rollout` layout as the in-process
 engine (response ids, mask, owner, rounds, finished):
@@ -16,10 +16,9 @@ after one ending with ``"\\n"``) decides where the in-process engine would redra
 coins are the same seeded draws. So greedy decoding gives the very same tokens and ownership
 (``tests/test_vllm.py``); with sampling only the random streams differ.
 
-Word-level (and per-token ``bernoulli``/``chunk``) tandem rollouts stay on the in-process lockstep
-engine: a handoff every ~2 words would make every word a separate round-trip through the engine's
-scheduler (a new request, a prefix-cache lookup, a prefill of the other model), which costs more
-than it saves; the lockstep engine keeps both KV caches hot and pays one forward per token.
+Word-level (and per-token ``bernoulli``/``chunk``) tandem rollouts are served by
+:mod:`tandem_rlvr.vllm_turns`: one request per author turn, driven through each engine's step loop
+with no batch barrier (see that module); :meth:`VLLMEngine.generate` hands them over.
 
 After each optimiser update push the senior's weights with :func:`push_weights` (it resets the
 prefix cache, whose KV blocks were computed with the old weights). The junior's engine is never
@@ -220,7 +219,7 @@ class VLLMEngine:
 
     @staticmethod
     def serves(schedule: Schedule) -> bool:
-        """Whether this backend samples ``schedule`` (solo and step-level ones; see the module doc)."""
+        """Whether this backend samples ``schedule`` (every schedule of :mod:`tandem_rlvr.handoff`)."""
         return schedule.name in VLLM_SCHEDULES
 
     def turn_driver(self):
@@ -268,7 +267,7 @@ class VLLMEngine:
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, schedule: Schedule,
                  sampling: Sampling, *, seed: int = 0, max_rounds: int | None = None,
                  scorer: Callable[[Rollout], None] | None = None) -> Rollout:
-        """Like :func:`tandem_rlvr.rollout.generate` for schedules ``none``, ``step`` and ``alternate``."""
+        """Like :func:`tandem_rlvr.rollout.generate`, for every schedule (word/bernoulli/chunk: :mod:`tandem_rlvr.vllm_turns`)."""
         check_vllm_schedule(schedule)
         if schedule.uses_junior and self.junior is None:
             raise ValueError(f"handoff schedule {schedule.name!r} (p={schedule.p}) needs a junior engine")
