@@ -1,0 +1,187 @@
+"""Auditing pairs with different tokenizers: bits per byte, bridged step handoff, identical pairs, the CLI matrix."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from conftest import CORPUS, bias_token, make_tiny_model
+
+from tandem_rlvr.bridge import bridge_generate, make_side
+from tandem_rlvr.crosstok import NA, bridge_handoff, evaluate_any_pair
+from tandem_rlvr.legibility import LN2, bits_per_byte
+from tandem_rlvr.rollout import Sampling
+
+GLUE_NL = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@dataclass(frozen=True)
+class Ex:
+    id: str
+    problem: str
+    answer: str
+
+
+PROBLEMS = [Ex(str(i), p, a) for i, (p, a) in enumerate(
+    [("What is 3 plus 4?", "7"), ("Tom has 12 apples and gives away 5. How many are left?", "7"),
+     ("6 times 7?", "42"), ("hi", "1")])]
+
+
+def _reward(text: str, gold: str) -> float:
+    return float(gold in text)
+
+
+@pytest.fixture(scope="module")
+def junior_tokenizer():
+    from tandem_rlvr.world.tokenizer import build_tokenizer
+
+    return build_tokenizer(CORPUS, vocab_size=280, pattern=GLUE_NL)
+
+
+@pytest.fixture(scope="module")
+def models(tokenizer, junior_tokenizer):
+    """(senior, junior): tiny models on two different tokenizers, biased to end steps every few tokens."""
+    senior = make_tiny_model(len(tokenizer), 0, 48)
+    bias_token(senior, tokenizer.encode("\n", add_special_tokens=False)[0], 3.0)
+    junior = make_tiny_model(len(junior_tokenizer), 1, 32)
+    bias_token(junior, junior_tokenizer.encode(".\n\n", add_special_tokens=False)[0], 4.0)
+    return senior, junior
+
+
+def _render(tok, problem):
+    from tandem_rlvr.data import render_prompt
+
+    return render_prompt(tok, problem)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("which", [0, 1])
+def test_bits_per_byte_equals_a_direct_computation(models, tokenizer, junior_tokenizer, which):
+    model, tok = (models[0], tokenizer) if which == 0 else (models[1], junior_tokenizer)
+    texts = ["So 3 + 4 = 7.\n\nThe answer is \\boxed{7} — café.", "", "12 - 5 = 7"]
+    prompts = [_render(tok, p.problem) for p in PROBLEMS[:3]]
+    got = bits_per_byte(model, tok, prompts, texts, batch=2, chunk_tokens=5)
+    for prompt, text, g in zip(prompts, texts, got):
+        if not text:
+            assert math.isnan(g["bpb"]) and g["bytes"] == 0
+            continue
+        p = tok(prompt, add_special_tokens=False)["input_ids"]
+        t = tok(text, add_special_tokens=False)["input_ids"]
+        lp = torch.log_softmax(model(input_ids=torch.tensor([p + t])).logits[0].double(), -1)
+        nats = -sum(float(lp[len(p) - 1 + k, t[k]]) for k in range(len(t)))
+        assert g["bytes"] == len(text.encode("utf-8")) > len(text) or "é" not in text
+        assert g["bpb"] == pytest.approx(nats / LN2 / len(text.encode("utf-8")), rel=1e-4)
+    assert got[0]["bpb"] > 0
+
+
+@torch.inference_mode()
+def test_bits_per_byte_truncates_from_the_left(models, junior_tokenizer):
+    junior = models[1]
+    text = "First we multiply 6 by 7 to get 42.\n\nThen we add 8 to get 50."
+    prompt = _render(junior_tokenizer, "6 times 7?")
+    p = junior_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    t = junior_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ctx = len(t["input_ids"]) - 3  # the prompt and the first 4 text tokens fall out of the window
+    (got,) = bits_per_byte(junior, junior_tokenizer, [prompt], [text], context=ctx)
+    assert got["truncated"] and got["unscored_tokens"] == 4 and len(p) > 0
+    ids = t["input_ids"][4 - 1:]
+    lp = torch.log_softmax(junior(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+    nats = -sum(float(lp[k - 1, ids[k]]) for k in range(1, len(ids)))
+    n_bytes = len(text[t["offset_mapping"][4][0]:].encode())
+    assert got["bpb"] == pytest.approx(nats / LN2 / n_bytes, rel=1e-4)
+
+
+def test_bridged_step_handoff_is_the_training_bridge(models, tokenizer, junior_tokenizer):
+    senior = make_side(models[0], tokenizer, [tokenizer.eos_token_id])
+    junior = make_side(models[1], junior_tokenizer, [junior_tokenizer.eos_token_id])
+    sp = [_render(tokenizer, p.problem) for p in PROBLEMS]
+    jp = [_render(junior_tokenizer, p.problem) for p in PROBLEMS]
+    sampling = Sampling(max_new_tokens=1000, temperature=1.0)  # (no budget binds: the bridge counts differently)
+    multi = 0
+    for seed in (0, 3):
+        ours = bridge_handoff(senior, junior, sp, jp, sampling, seed=seed, max_rounds=6)
+        ref = bridge_generate(senior, junior, sp, jp, "alternate", sampling, seed=seed, max_rounds=6, score=False)
+        assert set(ours["stops"]) <= {"eos", "max_rounds"}, ours["stops"]
+        assert ours["texts"] == ref.texts and ours["spans"] == ref.spans
+        assert torch.equal(ours["rollout"].owner_BT, ref.rollout.owner_BT)
+        assert ours["rollout"].rounds_B.tolist() == ref.rollout.rounds_B.tolist()
+        multi += sum(len(s) > 2 for s in ours["spans"])
+    assert multi >= 2, "the fixture must exercise several handoffs"
+
+
+def test_bridged_budget_counts_senior_tokens(models, tokenizer, junior_tokenizer):
+    senior = make_side(models[0], tokenizer, [tokenizer.eos_token_id])
+    junior = make_side(models[1], junior_tokenizer, [junior_tokenizer.eos_token_id])
+    sp = [_render(tokenizer, p.problem) for p in PROBLEMS]
+    jp = [_render(junior_tokenizer, p.problem) for p in PROBLEMS]
+    for budget in (3, 9, 17):
+        out = bridge_handoff(senior, junior, sp, jp, Sampling(max_new_tokens=budget, temperature=1.0), seed=1)
+        for text, stop, spans in zip(out["texts"], out["stops"], out["spans"]):
+            n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            assert n <= budget and stop in ("eos", "budget", "empty_turn", "max_rounds")
+            assert not spans or spans[-1][1] == len(text)
+        assert "budget" in out["stops"]
+
+
+def test_whitespace_turn_ends_the_chain_with_a_reason(tokenizer, junior_tokenizer, models):
+    """A junior that only writes blank lines ends the chains it gets a turn in, counted as empty_turn."""
+    quick = make_tiny_model(len(tokenizer), 0, 48)
+    bias_token(quick, tokenizer.encode("\n", add_special_tokens=False)[0], 6.0)
+    senior = make_side(quick, tokenizer, [tokenizer.eos_token_id])
+    blank = make_tiny_model(len(junior_tokenizer), 5, 32)
+    bias_token(blank, junior_tokenizer.encode("\n\n", add_special_tokens=False)[0], 50.0)
+    junior = make_side(blank, junior_tokenizer, [junior_tokenizer.eos_token_id])
+    sp = [_render(tokenizer, p.problem) for p in PROBLEMS]
+    jp = [_render(junior_tokenizer, p.problem) for p in PROBLEMS]
+    out = bridge_handoff(senior, junior, sp, jp, Sampling(max_new_tokens=300, temperature=1.0), seed=0)
+    for stop, spans, text in zip(out["stops"], out["spans"], out["texts"]):
+        if stop == "empty_turn":
+            assert spans and not text[spans[-1][0]:].strip()
+    assert out["stops"].count("empty_turn") >= 2
+
+
+def _pair_kw(**kw):
+    return dict(n=2, sampling=Sampling(max_new_tokens=24, temperature=1.0), seed=0, reward_fn=_reward,
+                batch_size=4, curve_ps=(1.0, 0.5), progress=False, score_batch=3, **kw)
+
+
+def test_cross_pair_metrics_and_chains(models, tokenizer, junior_tokenizer):
+    rows = []
+    m, chains = evaluate_any_pair(models[0], models[1], tokenizer, junior_tokenizer, PROBLEMS, sink=rows.append,
+                                  **_pair_kw())
+    assert m["vocabulary"] == "different"
+    for k in ("junior_ce", "junior_top1", "kl_senior_junior", "kl_senior_junior_exact", "curve"):
+        assert m[k] == NA
+    assert m["junior_bpb"] > 0 and math.isfinite(m["communication_tax"])
+    assert sum(m["handoff_stops"].values()) == m["n_chains"] == 8
+    solo = [r for r in rows if r["mode"] == "solo"]
+    hand = [r for r in rows if r["mode"] == "handoff"]
+    assert len(solo) == len(hand) == 8 and len(rows) == 16
+    key = lambda r: (r["mode"], r["problem_id"], r["sample"])  # noqa: E731
+    assert sorted(chains, key=key) == sorted(rows, key=key)
+    assert all("junior_bpb" in r for r in solo)
+    assert m["junior_bpb"] == pytest.approx(sum(r["junior_bpb"] for r in solo if r["junior_bpb"] is not None)
+                                            / sum(r["junior_bpb"] is not None for r in solo))
+    for r in hand:
+        assert r["stop"] in ("eos", "budget", "max_rounds", "empty_turn")
+        assert "".join(t["text"] for t in r["turns"]) == r["text"]
+        assert all(a[1] == b[0] for a, b in zip(r["spans"], r["spans"][1:]))
+
+
+def test_identical_models_tax_zero_and_equal_bpb_both_ways(tokenizer):
+    from tandem_rlvr.evaluate import evaluate_pair
+
+    a = make_tiny_model(len(tokenizer), 3, 32)
+    b = make_tiny_model(len(tokenizer), 3, 32)
+    ab, _ = evaluate_any_pair(a, b, tokenizer, tokenizer, PROBLEMS, **_pair_kw())
+    ba, _ = evaluate_any_pair(b, a, tokenizer, tokenizer, PROBLEMS, **_pair_kw())
+    assert ab["vocabulary"] == "shared"
+    assert ab["communication_tax"] == 0.0 == ba["communication_tax"]
+    assert ab["junior_bpb"] == ba["junior_bpb"] and ab["junior_bpb"] > 0
+    assert ab["kl_senior_junior_exact"] == pytest.approx(0.0, abs=1e-6)
+    plain, _ = evaluate_pair(a, b, tokenizer, PROBLEMS, **_pair_kw())
+    assert {k: v for k, v in ab.items() if k in plain} == plain, "same-tokenizer numbers unchanged"
