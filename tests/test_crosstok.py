@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass
@@ -185,3 +186,53 @@ def test_identical_models_tax_zero_and_equal_bpb_both_ways(tokenizer):
     assert ab["kl_senior_junior_exact"] == pytest.approx(0.0, abs=1e-6)
     plain, _ = evaluate_pair(a, b, tokenizer, PROBLEMS, **_pair_kw())
     assert {k: v for k, v in ab.items() if k in plain} == plain, "same-tokenizer numbers unchanged"
+
+
+@pytest.fixture(scope="module")
+def other_family_dir(tmp_path_factory, junior_tokenizer):
+    """A saved tiny model on a different tokenizer that has no chat template (plain prompt)."""
+    d = tmp_path_factory.mktemp("other_family")
+    m = make_tiny_model(len(junior_tokenizer), 2, 32, arch="llama")
+    m.generation_config.eos_token_id = junior_tokenizer.eos_token_id
+    m.save_pretrained(str(d))
+    tok = copy.deepcopy(junior_tokenizer)
+    tok.chat_template = None
+    tok.save_pretrained(str(d))
+    return d
+
+
+def test_cli_matrix_of_juniors_with_different_tokenizers(model_dirs, other_family_dir, tmp_path):
+    from tandem_rlvr.cli import build_parser, main
+    from tandem_rlvr.eval_cli import resolve_options
+
+    s_dir, j_dir = model_dirs
+    bench = tmp_path / "b.jsonl"
+    bench.write_text("".join(json.dumps({"problem": f"What is {i} plus 3?", "answer": str(i + 3)}) + "\n" for i in range(2)))
+    out = tmp_path / "out"
+    argv = ["eval", "--senior", f"s={s_dir}", "--junior", f"same={j_dir}", "--junior", f"other={other_family_dir}",
+            "--benchmark", str(bench), "--out", str(out), "--n", "2", "--max-new-tokens", "12", "--batch-size", "4",
+            "--reward", "boxed_exact", "--curve-ps", "1.0,0.5", "--no-progress"]
+    opts = resolve_options(build_parser().parse_args(argv))
+    assert opts.juniors == {"same": str(j_dir), "other": str(other_family_dir)} and opts.junior == str(j_dir)
+    assert main(argv) == 0
+    obj = json.loads((out / "eval.json").read_text())
+    assert set(obj["pairs"]) == {"s+same", "s+other"}
+    same, other = obj["pairs"]["s+same"]["macro"], obj["pairs"]["s+other"]["macro"]
+    assert same["vocabulary"] == "shared" and isinstance(same["kl_senior_junior_exact"], float)
+    assert other["vocabulary"] == "different"
+    for key in ("kl_senior_junior", "kl_senior_junior_exact", "junior_ce", "junior_top1", "curve"):
+        assert other[key] == NA and obj["pairs"]["s+other"]["per_benchmark"]["b"][key] == NA
+    assert same["solo_pass@1"] == other["solo_pass@1"], "the solo chains do not depend on the junior"
+    assert obj["pairs"]["s+other"]["templates"] == {"senior": "chat", "junior": "plain"}
+    cells = obj["matrix"]["cells"]["s"]
+    assert cells["other"]["kl_senior_junior_exact"] == NA and cells["same"]["junior_bpb"] > 0
+    assert cells["other"]["communication_tax"] == other["communication_tax"]
+    md = (out / "eval.md").read_text()
+    assert "n/a (different tokenizers)" in md and "junior other" in md and "plain template" in md
+    assert "| s+other | n/a (different tokenizers) |  |" in md, "curve and decile rows say n/a"
+    assert "matrix.png" in md and (out / "matrix.png").stat().st_size > 1000
+    rows = [json.loads(x) for x in (out / "chains" / "s_other" / "b.jsonl").read_text().splitlines()]
+    assert {r["mode"] for r in rows} == {"solo", "handoff"}
+    assert all(r["junior"] == "other" for r in rows)
+    assert all("junior_bpb" in r for r in rows if r["mode"] == "solo")
+    assert all(r["spans"][0][0] == 0 and r["spans"][-1][1] == len(r["text"]) for r in rows if r["mode"] == "handoff" and r["text"])

@@ -237,7 +237,7 @@ def _cross_pair(senior, junior, s_tok, j_tok, examples, *, ks, max_rounds, conte
 
     if kw.pop("engine", None) is not None:
         raise ValueError("--engine vllm serves same-tokenizer pairs only; use --engine hf for a pair with different tokenizers")
-    kw.pop("curve_ps", None)
+    curve = bool(kw.pop("curve_ps", None))
     job, skipped = _make_job(senior, None, s_tok, examples, context=context, **kw)
     problems = _kept_problems(job, examples, s_tok)
     solo = _run_mode(job, "solo", make_schedule("none"))
@@ -252,7 +252,7 @@ def _cross_pair(senior, junior, s_tok, j_tok, examples, *, ks, max_rounds, conte
     out["handoff_senior_frac"] = hand.senior_tokens / max(1, sum(hand.n_tokens))
     out["handoff_stops"] = stops
     out["handoff_context_truncations"] = trunc
-    out.update(dict.fromkeys(NA_KEYS, NA))
+    out.update({k: NA for k in NA_KEYS if k != "curve" or curve})
     if job.grader.stats:
         out["reward_stats"] = dict(job.grader.stats)
     return out, job.chains
