@@ -184,8 +184,12 @@ def test_identical_models_tax_zero_and_equal_bpb_both_ways(tokenizer):
     assert ab["communication_tax"] == 0.0 == ba["communication_tax"]
     assert ab["junior_bpb"] == ba["junior_bpb"] and ab["junior_bpb"] > 0
     assert ab["kl_senior_junior_exact"] == pytest.approx(0.0, abs=1e-6)
-    plain, _ = evaluate_pair(a, b, tokenizer, PROBLEMS, **_pair_kw())
-    assert {k: v for k, v in ab.items() if k in plain} == plain, "same-tokenizer numbers unchanged"
+    c = make_tiny_model(len(tokenizer), 4, 48)
+    plain, plain_chains = evaluate_pair(c, a, tokenizer, PROBLEMS, **_pair_kw())
+    ca, ca_chains = evaluate_any_pair(c, a, tokenizer, tokenizer, PROBLEMS, **_pair_kw())
+    assert {k: v for k, v in ca.items() if k in plain} == plain, "same-tokenizer numbers unchanged"
+    assert [{k: v for k, v in r.items() if k != "junior_bpb"} for r in ca_chains] == plain_chains
+    assert ca["junior_bpb"] != ab["junior_bpb"]
 
 
 @pytest.fixture(scope="module")
