@@ -59,4 +59,5 @@ def test_smollm2_and_gemma3_audit_both_directions(tmp_path):
     rows = [json.loads(x) for x in (out / "chains" / "smollm2_gemma3" / "gsm8k_test.jsonl").read_text().splitlines()]
     hand = [r for r in rows if r["mode"] == "handoff"]
     assert len(hand) == 3 and all(r["spans"] and r["spans"][-1][1] == len(r["text"]) for r in hand)
+    assert any({o for _, _, o in r["spans"]} == {0, 1} for r in hand), "a real handoff between the two families"
     print(json.dumps(obj["matrix"], indent=1))

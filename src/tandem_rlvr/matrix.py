@@ -79,7 +79,8 @@ def _panel(ax, m: Mapping, key: str, title: str, kind: str, cmap: str) -> None:
         for b, j in enumerate(J):
             raw = m["cells"].get(s, {}).get(j, {}).get(key)
             text = "n/a\n(different\ntokenizers)" if raw == NA else ("–" if math.isnan(vals[a, b]) else fmt(vals[a, b], kind))
-            ax.text(b, a, text, ha="center", va="center", fontsize=8)
+            ax.text(b, a, text, ha="center", va="center", fontsize=8,
+                    bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "boxstyle": "round,pad=0.2"})
     ax.set_xticks(range(len(J)), J, rotation=30, ha="right")
     ax.set_yticks(range(len(S)), S)
     ax.set_xlabel("junior")
