@@ -155,13 +155,15 @@ def test_cross_pair_metrics_and_chains(models, tokenizer, junior_tokenizer):
     m, chains = evaluate_any_pair(models[0], models[1], tokenizer, junior_tokenizer, PROBLEMS, sink=rows.append,
                                   **_pair_kw())
     assert m["vocabulary"] == "different"
-    for k in ("junior_ce", "junior_top1", "kl_senior_junior", "kl_senior_junior_exact", "curve"):
+    for k in ("junior_ce", "junior_top1", "kl_senior_junior", "kl_senior_junior_exact", "junior_ce_by_decile"):
         assert m[k] == NA
+    assert set(m["curve"]) == {"1.0", "0.5"} and m["curve"]["1.0"] == m["solo_pass@1"]
     assert m["junior_bpb"] > 0 and math.isfinite(m["communication_tax"])
     assert sum(m["handoff_stops"].values()) == m["n_chains"] == 8
     solo = [r for r in rows if r["mode"] == "solo"]
     hand = [r for r in rows if r["mode"] == "handoff"]
-    assert len(solo) == len(hand) == 8 and len(rows) == 16
+    curve = [r for r in rows if r["mode"] == "curve-p0.5"]
+    assert len(solo) == len(hand) == len(curve) == 8 and len(rows) == 24
     key = lambda r: (r["mode"], r["problem_id"], r["sample"])  # noqa: E731
     assert sorted(chains, key=key) == sorted(rows, key=key)
     assert all("junior_bpb" in r for r in solo)
@@ -224,7 +226,7 @@ def test_cli_matrix_of_juniors_with_different_tokenizers(model_dirs, other_famil
     same, other = obj["pairs"]["s+same"]["macro"], obj["pairs"]["s+other"]["macro"]
     assert same["vocabulary"] == "shared" and isinstance(same["kl_senior_junior_exact"], float)
     assert other["vocabulary"] == "different"
-    for key in ("kl_senior_junior", "kl_senior_junior_exact", "junior_ce", "junior_top1", "curve"):
+    for key in ("kl_senior_junior", "kl_senior_junior_exact", "junior_ce", "junior_top1"):
         assert other[key] == NA and obj["pairs"]["s+other"]["per_benchmark"]["b"][key] == NA
     assert same["solo_pass@1"] == other["solo_pass@1"], "the solo chains do not depend on the junior"
     assert obj["pairs"]["s+other"]["templates"] == {"senior": "chat", "junior": "plain"}
@@ -233,10 +235,68 @@ def test_cli_matrix_of_juniors_with_different_tokenizers(model_dirs, other_famil
     assert cells["other"]["communication_tax"] == other["communication_tax"]
     md = (out / "eval.md").read_text()
     assert "n/a (different tokenizers)" in md and "junior other" in md and "plain template" in md
-    assert "| s+other | n/a (different tokenizers) |  |" in md, "curve and decile rows say n/a"
+    assert "| s+other | n/a (different tokenizers) |  |  |" in md, "the decile row says n/a"
+    assert set(other["curve"]) == {"1.0", "0.5"}
     assert "matrix.png" in md and (out / "matrix.png").stat().st_size > 1000
     rows = [json.loads(x) for x in (out / "chains" / "s_other" / "b.jsonl").read_text().splitlines()]
-    assert {r["mode"] for r in rows} == {"solo", "handoff"}
+    assert {r["mode"] for r in rows} == {"solo", "handoff", "curve-p0.5"}
     assert all(r["junior"] == "other" for r in rows)
     assert all("junior_bpb" in r for r in rows if r["mode"] == "solo")
     assert all(r["spans"][0][0] == 0 and r["spans"][-1][1] == len(r["text"]) for r in rows if r["mode"] == "handoff" and r["text"])
+
+
+def _word_sides(models, tokenizer, junior_tokenizer):
+    return (make_side(models[0], tokenizer, [tokenizer.eos_token_id]),
+            make_side(models[1], junior_tokenizer, [junior_tokenizer.eos_token_id]))
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_word_bridge_extremes_keep_one_author(models, tokenizer, junior_tokenizer, p):
+    from tandem_rlvr.wordbridge import word_bridge
+
+    sides = _word_sides(models, tokenizer, junior_tokenizer)
+    sp = [_render(tokenizer, x.problem) for x in PROBLEMS]
+    jp = [_render(junior_tokenizer, x.problem) for x in PROBLEMS]
+    out = word_bridge(*sides, sp, jp, Sampling(max_new_tokens=30, temperature=1.0), p=p, seed=2)
+    assert out["rollout"].rounds_B.tolist() == [1] * len(PROBLEMS)
+    assert all(len(s) <= 1 and all(o == int(p) for _, _, o in s) for s in out["spans"])
+
+
+def test_word_bridge_hands_off_whole_words(models, tokenizer, junior_tokenizer):
+    from tandem_rlvr.wordbridge import word_bridge
+
+    sides = _word_sides(models, tokenizer, junior_tokenizer)
+    sp = [_render(tokenizer, x.problem) for x in PROBLEMS]
+    jp = [_render(junior_tokenizer, x.problem) for x in PROBLEMS]
+    out = word_bridge(*sides, sp, jp, Sampling(max_new_tokens=80, temperature=1.0), p=0.5, seed=4, max_rounds=12)
+    switches = 0
+    for text, spans, rounds in zip(out["texts"], out["spans"], out["rollout"].rounds_B.tolist()):
+        assert not spans or (spans[0][0] == 0 and spans[-1][1] == len(text))
+        assert all(a[2] != b[2] and a[1] == b[0] for a, b in zip(spans, spans[1:])) and len(spans) <= rounds
+        switches += max(0, len(spans) - 1)
+    assert switches >= 4, f"the fixture must exercise several word handoffs, got {switches}"
+    again = word_bridge(*sides, sp, jp, Sampling(max_new_tokens=80, temperature=1.0), p=0.5, seed=4, max_rounds=12)
+    assert again["texts"] == out["texts"] and again["spans"] == out["spans"]
+
+
+def test_a_word_turn_ends_before_the_token_that_starts_the_next_word(models, tokenizer, junior_tokenizer):
+    """A coin that always hands over: the turn is the tokens before the first word-start token after the first."""
+    from tandem_rlvr.bridge import SeededCoins
+    from tandem_rlvr.handoff import token_table
+    from tandem_rlvr.wordbridge import _decode_words
+
+    side = _word_sides(models, tokenizer, junior_tokenizer)[0]
+    starts = token_table(tokenizer, side.model.get_output_embeddings().weight.shape[0]).boundary_V
+    seqs = [tokenizer(_render(tokenizer, x.problem), add_special_tokens=False)["input_ids"] for x in PROBLEMS]
+    sampling = Sampling(max_new_tokens=30, temperature=1.0)
+    free = _decode_words(side, starts, seqs, [30] * 4, [0, 1, 2, 3], True, SeededCoins(4, 1.0, 0), [0] * 4,
+                         sampling, torch.Generator().manual_seed(9))
+    cut = _decode_words(side, starts, seqs, [30] * 4, [0, 1, 2, 3], True, SeededCoins(4, 0.0, 0), [0] * 4,
+                        sampling, torch.Generator().manual_seed(9))
+    for f, c in zip(free, cut):
+        assert not f.step_end
+        later = [i for i in range(1, len(f.ids)) if bool(starts[f.ids[i]])]
+        if later and not f.ids[:later[0]][-1:] == [tokenizer.eos_token_id]:
+            assert c.step_end and c.ids == f.ids[:later[0]], (f.ids, c.ids)
+        else:
+            assert c.ids == f.ids

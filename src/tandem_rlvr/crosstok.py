@@ -6,9 +6,10 @@
   rows): :func:`tandem_rlvr.evaluate.evaluate_pair` unchanged (lockstep handoff, word-level curve,
   nats/token, top-1, KL), plus bits-per-byte legibility;
 - **different tokenizers**: the solo chains as usual (the senior alone needs no junior), the step
-  handoff through the text bridge (:func:`bridge_handoff`), bits-per-byte legibility; nats/token,
-  top-1, KL and the word-level curve are reported as :data:`NA` (they compare tokens or
-  distributions over one vocabulary, which two tokenizers do not share).
+  handoff through the text bridge (:func:`bridge_handoff`), the handoff-rate curve with word-level
+  handoffs on text (:mod:`tandem_rlvr.wordbridge`), bits-per-byte legibility; nats/token, top-1 and
+  KL are reported as :data:`NA` (they compare tokens or distributions over one vocabulary, which two
+  tokenizers do not share).
 
 Bridge handoff (``alternate``: the senior writes the first ``"\\n\\n"`` step, then strict
 alternation, at most ``max_rounds`` turns). Each turn's text is re-encoded by the next author with
@@ -28,6 +29,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -48,7 +50,7 @@ from tandem_rlvr.rollout import Sampling
 log = logging.getLogger(__name__)
 
 NA = "n/a (different tokenizers)"
-NA_KEYS = ("junior_ce", "junior_top1", "junior_ce_by_decile", "kl_senior_junior", "kl_senior_junior_exact", "curve")
+NA_KEYS = ("junior_ce", "junior_top1", "junior_ce_by_decile", "kl_senior_junior", "kl_senior_junior_exact")
 STOPS = ("eos", "budget", "max_rounds", "empty_turn")
 
 __all__ = ["NA", "STOPS", "bridge_handoff", "evaluate_any_pair", "same_vocabulary", "template_kind"]
@@ -193,9 +195,8 @@ def _bridge_record(job, mode: str, pi: int, si: int, out: dict, i: int, reward: 
             "spans": [list(s) for s in spans]}
 
 
-def _run_bridge_handoff(job, sides: tuple[Side, Side], problems: list[str], max_rounds: int,
-                        contexts: tuple) -> tuple:
-    """The ``handoff`` mode through the text bridge: a :class:`~tandem_rlvr.evaluate._ModeResult` and counts."""
+def _run_bridge_mode(job, sides: tuple[Side, Side], problems: list[str], mode: str, runner: Callable) -> tuple:
+    """One mode through text (``runner``: :func:`bridge_handoff`-like): a ``_ModeResult``, stop counts, truncations."""
     from tandem_rlvr.data import render_prompt
     from tandem_rlvr.evaluate import _batch_seed, _ModeResult
 
@@ -207,10 +208,9 @@ def _run_bridge_handoff(job, sides: tuple[Side, Side], problems: list[str], max_
         if job.context is not None:
             budget = max(1, min(budget, job.context - max(len(job.prompts[pi]) for pi, _ in rows)))
         probs = [problems[pi] for pi, _ in rows]
-        out = bridge_handoff(*sides, [render_prompt(sides[0].tokenizer, p) for p in probs],
-                             [render_prompt(sides[1].tokenizer, p) for p in probs],
-                             replace(job.sampling, max_new_tokens=budget), seed=_batch_seed(job.seed, tag, b),
-                             max_rounds=max_rounds, contexts=contexts)
+        out = runner(*sides, [render_prompt(sides[0].tokenizer, p) for p in probs],
+                     [render_prompt(sides[1].tokenizer, p) for p in probs],
+                     replace(job.sampling, max_new_tokens=budget), seed=_batch_seed(job.seed, tag, b))
         ro = out["rollout"]
         rewards = job.grader.grade(out["texts"], [job.golds[pi] for pi, _ in rows])
         n_tok = ro.response_mask_BT.sum(-1).tolist()
@@ -222,12 +222,25 @@ def _run_bridge_handoff(job, sides: tuple[Side, Side], problems: list[str], max_
             res.finished.append(bool(ro.finished_B[i]))
             res.rounds.append(int(ro.rounds_B[i]))
             stops[out["stops"][i]] += 1
-            rec = _bridge_record(job, "handoff", pi, si, out, i, rewards[i], int(n_tok[i]))
+            rec = _bridge_record(job, mode, pi, si, out, i, rewards[i], int(n_tok[i]))
             if job.keep_chains:
                 job.chains.append(rec)
             if job.sink is not None:
                 job.sink(rec)
     return res, stops, truncations
+
+
+def _word_curve(job, sides, problems: list[str], ps: list[float], solo, ctx: dict) -> dict:
+    """pass@1 of word-level tandem through text (:mod:`tandem_rlvr.wordbridge`) at each P(senior); p = 1 is solo."""
+    from tandem_rlvr import metrics as M
+    from tandem_rlvr.wordbridge import word_bridge
+
+    curve = {}
+    for p in ps:
+        res = solo if float(p) == 1.0 else _run_bridge_mode(
+            job, sides, problems, f"curve-p{float(p)}", partial(word_bridge, p=float(p), **ctx))[0]
+        curve[str(float(p))] = M.mean_pass_at_k(res.rewards, 1)
+    return curve
 
 
 def _cross_pair(senior, junior, s_tok, j_tok, examples, *, ks, max_rounds, context, kw: dict) -> tuple[dict, list]:
@@ -237,13 +250,13 @@ def _cross_pair(senior, junior, s_tok, j_tok, examples, *, ks, max_rounds, conte
 
     if kw.pop("engine", None) is not None:
         raise ValueError("--engine vllm serves same-tokenizer pairs only; use --engine hf for a pair with different tokenizers")
-    curve = bool(kw.pop("curve_ps", None))
+    curve_ps = list(kw.pop("curve_ps", None) or [])
     job, skipped = _make_job(senior, None, s_tok, examples, context=context, **kw)
     problems = _kept_problems(job, examples, s_tok)
     solo = _run_mode(job, "solo", make_schedule("none"))
     sides = (make_side(senior, s_tok, job.eos), make_side(junior, j_tok))
-    hand, stops, trunc = _run_bridge_handoff(job, sides, problems, max_rounds,
-                                             (model_context(senior, context), model_context(junior)))
+    ctx = dict(max_rounds=max_rounds, contexts=(model_context(senior, context), model_context(junior)))
+    hand, stops, trunc = _run_bridge_mode(job, sides, problems, "handoff", partial(bridge_handoff, **ctx))
     out = {"n_problems": len(job.prompts), "n_samples": job.n, "n_chains": len(job.prompts) * job.n, "n_skipped": skipped}
     out.update(_pass_metrics("solo", solo, ks))
     out.update(_pass_metrics("handoff", hand, ks))
@@ -252,7 +265,9 @@ def _cross_pair(senior, junior, s_tok, j_tok, examples, *, ks, max_rounds, conte
     out["handoff_senior_frac"] = hand.senior_tokens / max(1, sum(hand.n_tokens))
     out["handoff_stops"] = stops
     out["handoff_context_truncations"] = trunc
-    out.update({k: NA for k in NA_KEYS if k != "curve" or curve})
+    out.update(dict.fromkeys(NA_KEYS, NA))
+    if curve_ps:
+        out["curve"] = _word_curve(job, sides, problems, curve_ps, solo, ctx)
     if job.grader.stats:
         out["reward_stats"] = dict(job.grader.stats)
     return out, job.chains
