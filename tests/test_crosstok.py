@@ -300,3 +300,19 @@ def test_a_word_turn_ends_before_the_token_that_starts_the_next_word(models, tok
             assert c.step_end and c.ids == f.ids[:later[0]], (f.ids, c.ids)
         else:
             assert c.ids == f.ids
+
+
+def test_a_handed_over_turn_starts_a_new_word(models, tokenizer, junior_tokenizer):
+    from tandem_rlvr.bridge import SeededCoins
+    from tandem_rlvr.wordbridge import _decode_words, word_starts
+
+    side = _word_sides(models, tokenizer, junior_tokenizer)[1]
+    starts = word_starts(side)
+    assert word_starts(side) is starts, "computed once per side"
+    seqs = [junior_tokenizer(_render(junior_tokenizer, x.problem) + "So", add_special_tokens=False)["input_ids"]
+            for x in PROBLEMS] * 3
+    turns = _decode_words(side, starts, seqs, [3] * 12, list(range(12)), False, SeededCoins(12, 0.0, 0), [0] * 12,
+                          Sampling(max_new_tokens=3, temperature=1.0), torch.Generator().manual_seed(1),
+                          new_word=[True] * 6 + [False] * 6)
+    assert all(bool(starts[t.ids[0]]) for t in turns[:6])
+    assert not all(bool(starts[t.ids[0]]) for t in turns[6:]), "unconstrained first tokens need not start a word"

@@ -8,8 +8,11 @@ happens in *text*:
    ``Ġ``, SentencePiece ``▁`` or a leading space: :func:`tandem_rlvr.handoff.token_table`) after at
    least one token of its turn, a seeded coin decides who writes that word. If the coin keeps the
    author, the token is kept; otherwise it is dropped and the turn ends at the end of the previous
-   word, so every author writes whole words.
-2. The other author reads its own prompt and its own encoding of the text so far and goes on.
+   word.
+2. The other author reads its own prompt and its own encoding of the text so far and writes the new
+   word: its first token is drawn among its tokens that start a word (its distribution conditioned
+   on "a new word starts here", which is what the first author had decided), so every author writes
+   whole words.
 3. A chain ends on EOS, on the budget (senior tokens, as in :mod:`tandem_rlvr.crosstok`) or after
    ``max_rounds`` turns. The first author is coin 0; at p = 1 the senior writes everything.
 
@@ -31,9 +34,12 @@ __all__ = ["word_bridge"]
 
 @torch.inference_mode()
 def _decode_words(side: Side, boundary_V: torch.Tensor, seqs: list[list[int]], caps: list[int], rows: list[int],
-                  author: bool, coins: SeededCoins, draws: list[int], sampling: Sampling, gen) -> list[_Turn]:
+                  author: bool, coins: SeededCoins, draws: list[int], sampling: Sampling, gen,
+                  new_word: list[bool] | None = None) -> list[_Turn]:
     """One author writes whole words for each row until a coin hands the next word over, EOS or its cap.
 
+    ``new_word[i]``: row ``i`` was handed over where the other author was starting a word, so its
+    first token is drawn among the tokens that start a word (the distribution conditioned on that).
     ``_Turn.step_end`` is True when the turn ended by a handoff.
     """
     from tandem_rlvr.bridge import _left_pad
@@ -46,8 +52,15 @@ def _decode_words(side: Side, boundary_V: torch.Tensor, seqs: list[list[int]], c
     out, length = torch.zeros(B, n_max, dtype=torch.long), torch.zeros(B, dtype=torch.long)
     done, hit_eos, handed = (torch.zeros(B, dtype=torch.bool) for _ in range(3))
     mask = mask_BP.to(device)
-    for _ in range(n_max):
-        tok = sample_tokens(stream.logits_BV, sampling, gen).cpu()
+    for t in range(n_max):
+        logits = stream.logits_BV
+        if t == 0 and new_word is not None and any(new_word):
+            V = logits.shape[-1]
+            keep = torch.zeros(V, dtype=torch.bool)
+            keep[:min(V, boundary_V.numel())] = boundary_V[:V]
+            block = torch.tensor(new_word)[:, None] & ~keep[None, :]
+            logits = logits.masked_fill(block.to(logits.device), float("-inf"))
+        tok = sample_tokens(logits, sampling, gen).cpu()
         tok = torch.where(done, torch.full_like(tok, side.tokenizer.pad_token_id), tok)
         for i in torch.nonzero(boundary_V[tok] & (length > 0) & ~done).flatten().tolist():
             draws[rows[i]] += 1
@@ -66,20 +79,28 @@ def _decode_words(side: Side, boundary_V: torch.Tensor, seqs: list[list[int]], c
     return [_Turn(out[b, :length[b]].tolist(), bool(hit_eos[b]), bool(handed[b])) for b in range(B)]
 
 
+def word_starts(side: Side) -> torch.Tensor:
+    """Which of the side's ids start a word (:func:`tandem_rlvr.handoff.token_table`), computed once per side."""
+    from tandem_rlvr.handoff import token_table
+
+    if getattr(side, "_word_starts", None) is None:
+        rows = side.model.get_output_embeddings().weight.shape[0]
+        side._word_starts = token_table(side.tokenizer, rows).boundary_V
+    return side._word_starts
+
+
 def word_bridge(senior: Side, junior: Side, senior_prompts: Sequence[str], junior_prompts: Sequence[str],
                 sampling: Sampling, *, p: float, seed: int = 0, max_rounds: int | None = 150,
                 contexts: tuple[int | None, int | None] = (None, None)) -> dict:
     """Word-level tandem through text; returns the same fields as :func:`tandem_rlvr.crosstok.bridge_handoff`."""
     from tandem_rlvr.crosstok import _fit_context, _senior_used
-    from tandem_rlvr.handoff import token_table
 
     n, budget = len(senior_prompts), int(sampling.max_new_tokens)
     coins = SeededCoins(n, p, seed)
     ch = _Chains.start(n, [bool(c) for c in coins.table[0]], budget)
     prompt_ids = {True: _encode_prompts(senior.tokenizer, senior_prompts),
                   False: _encode_prompts(junior.tokenizer, junior_prompts)}
-    tables = {s: token_table(side.tokenizer, side.model.get_output_embeddings().weight.shape[0]).boundary_V
-              for s, side in ((True, senior), (False, junior))}
+    tables = {True: word_starts(senior), False: word_starts(junior)}
     ctx, draws = {True: contexts[0], False: contexts[1]}, [0] * n
     gen = torch.Generator().manual_seed(int(seed))
     stops, truncations = [""] * n, 0
@@ -92,7 +113,8 @@ def word_bridge(senior: Side, junior: Side, senior_prompts: Sequence[str], junio
             seqs, caps, cut = _fit_context([prompt_ids[is_senior][b] + h for b, h in zip(rows, history)],
                                            [ch.remaining[b] for b in rows], ctx[is_senior])
             truncations += cut
-            turns = _decode_words(side, tables[is_senior], seqs, caps, rows, is_senior, coins, draws, sampling, gen)
+            turns = _decode_words(side, tables[is_senior], seqs, caps, rows, is_senior, coins, draws, sampling, gen,
+                                  new_word=[ch.rounds[b] > 1 for b in rows])
             for b, turn in zip(rows, turns):
                 ids = turn.ids[:-1] if turn.hit_eos else turn.ids
                 ch.add_text(b, side.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False),
