@@ -13,3 +13,9 @@ bench: setup
 	.venv/bin/python benchmarks/run_all.py
 fuzz: setup
 	.venv/bin/python scripts/fuzz_rewards.py --n 10000
+.PHONY: test-vllm mutate
+test-vllm:
+	bash scripts/test_vllm.sh
+mutate: setup
+	.venv/bin/python -m pip install -q -c constraints.txt -e ".[test,mutate]"
+	bash scripts/mutate.sh

@@ -117,7 +117,7 @@ def test_no_oversized_module_or_function():
 
 
 # Folders import one way: basics <- engines, rewards <- training, evaluation <- demo, cli.
-BASICS = ("config", "names", "errors", "io", "data", "models")
+BASICS = ("config", "names", "errors", "io", "integrity", "data", "models")
 FORBIDDEN = {
     "engines": ("training", "evaluation", "demo", "cli", "world"),
     "rewards": ("engines", "training", "evaluation", "demo", "cli", "world"),

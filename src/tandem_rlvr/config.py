@@ -77,9 +77,11 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     batch_size: int = _f(0, "Rollouts per engine call (0 = all of this process's rollouts of the step at once). A multiple of group_size.")
-    engine: str = _f("hf", "Rollout engine: hf (in-process, every schedule) or vllm (vLLM engines, schedules none/step/alternate; needs tandem-rlvr[vllm]). A junior with another tokenizer (model.bridge) always uses the text bridge (step/alternate).")
+    engine: str = _f("hf", "Rollout engine: hf (in-process, every schedule) or vllm (vLLM engines, every schedule: word/bernoulli/chunk through a turn driver; needs tandem-rlvr[vllm]). A junior with another tokenizer (model.bridge) always uses the text bridge (step/alternate).")
     mode: str = _f("lockstep", "How the in-process engine keeps both models in step (same tokens, owners and log-probs on the same seed): lockstep (both models read every token: one forward each per token) or catchup (a model runs only when it writes, then reads the tokens it missed in one forward; wins with small batches and long turns).")
     vllm_memory: float = _f(0.3, "Share of the accelerator's memory each vLLM engine may take (senior and junior engines share the device with training).")
+    vllm_timeout_s: float = _f(600.0, "Stop the run (the last checkpoint is kept) when a vLLM engine step does not answer within this many seconds.")
+    vllm_in_flight: int = _f(0, "Most vLLM requests in flight at once for word/bernoulli/chunk turns (0 = every rollout of the engine call).")
 
 
 @dataclass
@@ -93,6 +95,9 @@ class TrainConfig:
     max_nonfinite: int = _f(3, "Stop (with a checkpoint) after this many non-finite updates in a row.")
     trackers: list = _f([], "Extra accelerate trackers, e.g. [tensorboard] or [wandb].")
     progress: bool = _f(True, "Show a progress bar.")
+    preempt_exit_code: int = _f(143, "Exit code after SIGTERM/SIGUSR1/SIGINT stopped the run with a checkpoint (a requeue script tells it from a failure; 143 = 128 + SIGTERM).")
+    watchdog_s: float = _f(1800.0, "Stop with a stack dump of every thread (exit 124) when a step makes no progress for this many seconds (0 = off).")
+    collective_timeout_s: float = _f(1800.0, "Multi-process: a collective waiting longer than this for a peer fails, and the run stops naming the vanished rank (exit 75).")
     fsdp: str = _f("off", "Shard the senior over the processes with FSDP2: off (DDP, a full copy each), full (parameters, gradients, AdamW states sharded; like ZeRO-3) or zero2 (gradients and AdamW states; like ZeRO-2). Needs a multi-process launch.")
 
 
@@ -145,7 +150,8 @@ class EvalOptions:
     documented once here; the evaluation's defaults are these (METHOD.md §5)."""
 
     seniors: dict = _f({}, "Seniors to evaluate, name -> local path or hub name (--senior [NAME=]PATH, repeatable).")
-    junior: str = _f("", "The frozen junior (local path or hub name).")
+    junior: str = _f("", "The frozen junior (local path or hub name): the first of ``juniors``.")
+    juniors: dict = _f({}, "Juniors, name -> local path or hub name (--junior [NAME=]PATH, repeatable; any tokenizer: a junior with another vocabulary runs through the text bridge); several give a seniors x juniors matrix.")
     benchmarks: list = _f([], "Benchmark names (e.g. math500) or local JSONL/JSON/CSV/parquet files (--benchmark, repeatable).")
     out: str = _f("eval_out", "Output directory: eval.json, eval.md, plots, chains/, parts/.")
     n: int = _f(8, "Samples per problem.")
@@ -173,7 +179,7 @@ class EvalOptions:
     score_batch: int = _f(8, "Chains per teacher-forced scoring forward.")
     progress: bool = _f(True, "Show progress bars.")
     overwrite: bool = _f(False, "Recompute finished (senior, benchmark) parts instead of reusing them.")
-    engine: str = _f("hf", "Sampler of the chains: hf (in-process) or vllm (solo and step-handoff chains on vLLM engines, the curve in-process; needs tandem-rlvr[vllm]).")
+    engine: str = _f("hf", "Sampler of the chains: hf (in-process) or vllm (every chain, the word-handoff curve too, on vLLM engines; needs tandem-rlvr[vllm] and one vocabulary).")
     mode: str = _f("lockstep", "In-process engine mode, as rollout.mode: lockstep or catchup (same chains).")
     vllm_memory: float = _f(0.3, "Share of the GPU each vLLM engine may take.")
 
@@ -331,6 +337,8 @@ def validate(cfg: Config) -> None:
         (r.batch_size == 0 or r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),
         (r.mode in MODES, "rollout.mode", f"must be {' or '.join(MODES)}, got {r.mode!r}"),
         (engine_why is None, engine_key, engine_why),
+        (r.vllm_timeout_s > 0, "rollout.vllm_timeout_s", f"must be > 0, got {r.vllm_timeout_s}"),
+        (r.vllm_in_flight >= 0, "rollout.vllm_in_flight", f"must be >= 0, got {r.vllm_in_flight}"),
         (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
         (t.fsdp in FSDP_MODES, "train.fsdp", f"must be {', '.join(FSDP_MODES[:-1])} or {FSDP_MODES[-1]}, got {t.fsdp!r}"),
@@ -350,9 +358,19 @@ def validate(cfg: Config) -> None:
         band = a.senior_frac_band
         ok = len(band) == 2 and all(isinstance(x, (int, float)) for x in band) and 0 <= band[0] <= band[1] <= 1
         checks.append((ok, "algo.senior_frac_band", f"must be [low, high] with 0 <= low <= high <= 1, got {band}"))
-    for ok, key, msg in checks:
+    for ok, key, msg in checks + _fault_checks(t):
         if not ok:
             raise ConfigError(f"config key {key!r} {msg}")
+
+
+def _fault_checks(t: TrainConfig) -> list:
+    """Checks of the preemption, watchdog and collective-timeout keys (see tandem_rlvr.training.preempt)."""
+    return [
+        (0 < t.preempt_exit_code < 256 and t.preempt_exit_code not in (2, 75, 124), "train.preempt_exit_code",
+         f"must be in 1..255 and differ from the other exit codes (2, 75, 124), got {t.preempt_exit_code}"),
+        (t.watchdog_s >= 0 and math.isfinite(t.watchdog_s), "train.watchdog_s", f"must be >= 0 (0 = off), got {t.watchdog_s}"),
+        (0 < t.collective_timeout_s < math.inf, "train.collective_timeout_s", f"must be a finite number > 0, got {t.collective_timeout_s}"),
+    ]
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

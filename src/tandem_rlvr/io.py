@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -10,6 +11,8 @@ import tempfile
 from pathlib import Path
 from collections.abc import Callable
 from typing import IO, Any
+
+from tandem_rlvr.errors import DiskFull
 
 
 def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool = False) -> Path:
@@ -25,10 +28,17 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool 
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        written = Path(tmp).stat().st_size if Path(tmp).exists() else 0
         Path(tmp).unlink(missing_ok=True)
+        _raise_if_disk_full(e, path, written, "the previous version of the file is intact")
         raise
     return path
+
+
+def _raise_if_disk_full(e: BaseException, path: Path, written: int, kept: str) -> None:
+    if isinstance(e, Exception) and is_disk_full(e, path.parent):
+        raise disk_full(e, path, max(written, 1), "file", kept + ", nothing half-written was left") from e
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -65,10 +75,21 @@ def append_jsonl(path: str | Path, row: dict) -> None:
 
     Non-finite floats are written as ``null`` so the file stays strict JSON (jq, pandas)."""
     row = {k: _finite_or_none(v) for k, v in row.items()}
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row, default=_json_default) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    data = (json.dumps(row, default=_json_default) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, file_mode())
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException as e:  # cut a half-written row off again (a full disk, an interrupt)
+            os.ftruncate(fd, size)
+            _raise_if_disk_full(e, Path(path), len(data), "the rows before it are intact")
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -96,3 +117,46 @@ def publish_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.replace(tmp_dir, final_dir)
+
+
+# -- a full disk (named, with the space needed) ------------------------------------------------
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_FULL_WORDS = ("no space left on device", "disk quota exceeded", "storagefull")
+_NEARLY_FULL = 16 << 20  # a failed write with less free than this is taken for a full disk
+
+
+def is_disk_full(exc: BaseException, where: Path) -> bool:
+    """Whether ``exc``, raised while writing under ``where``, comes from a full disk or quota."""
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+        return True
+    if any(w in str(exc).lower() for w in _FULL_WORDS):
+        return True
+    free = free_bytes(where)
+    return free is not None and free < _NEARLY_FULL  # torch/safetensors may hide the errno
+
+
+def free_bytes(where: Path) -> int | None:
+    p = Path(where)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def human(n: int | float | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def disk_full(exc: BaseException, path: Path, needed: int, what: str, kept: str) -> DiskFull:
+    """The one-line error for a write of ``what`` that ran out of space at ``path``."""
+    failed_at = getattr(exc, "filename", None) or path
+    return DiskFull(f"disk full while writing {what} {failed_at}: {human(free_bytes(Path(path)))} free there, "
+                    f"about {human(needed)} needed; {kept}. Free space and rerun the same command to resume")

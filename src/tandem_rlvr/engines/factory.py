@@ -33,7 +33,7 @@ def eval_engine(kind: str, mode: str, senior, junior, *, eos_token_ids: Sequence
                 vllm_llms=None) -> Engine:
     """The engine of an evaluation: in-process (``kind`` ``hf``, in ``mode``), or for ``vllm`` the vLLM
     engines ``vllm_llms = (senior_llm, junior_llm)`` for what they serve, then in-process for the rest
-    (the word-handoff curve)."""
+    (nothing since vLLM serves every schedule; kept so an engine that serves fewer still works)."""
     local = InProcessEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, mode=mode)
     if kind != "vllm":
         return local

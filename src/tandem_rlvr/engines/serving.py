@@ -35,10 +35,8 @@ class Serves:
 
 
 IN_PROCESS = Serves("in-process", SCHEDULES)
-VLLM = Serves(
-    "vllm", ("none", "step", "alternate"),
-    "word- and token-level handoffs need a round-trip through the engine every few tokens; "
-    "use the in-process engine (rollout.engine=hf) for them")
+VLLM = Serves("vllm", ("none", "step", "alternate", "word", "bernoulli", "chunk"),  # word/bernoulli/chunk: engines.vllm_turns
+              "vLLM serves every handoff schedule of tandem_rlvr.engines.handoff; this one is not among them")
 BRIDGE = Serves(
     "text bridge", ("step", "alternate"),
     "the senior and junior tokenizers differ, so a handoff can only fall at a step end, where both read the "
