@@ -23,6 +23,8 @@ from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.io import append_jsonl
+from tandem_rlvr.ownership import check_ownership
+from tandem_rlvr.trackers import check_trackers, flat_config
 from tandem_rlvr.rewards import import_reward
 from tandem_rlvr.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask, sequence_logps  # noqa: F401 (API)
 from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts, generate
@@ -45,6 +47,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.train.out_dir)
         self.plan = arm_plan(cfg)
+        check_trackers(cfg.train.trackers)
         # Without an accelerator, cpu=True lets `accelerate launch` / torchrun run gloo DDP over CPU processes.
         self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
                                cpu=not torch.cuda.is_available())
@@ -54,8 +57,8 @@ class Trainer:
                               "launch with accelerate launch --config_file configs/accelerate/ddp.yaml (or torchrun), "
                               "or set train.fsdp=off")
         self._prepare_run_dir_once(restart)
-        if cfg.algo.mini_batch_prompts % self.acc.num_processes:
-            raise TandemError(f"algo.mini_batch_prompts={cfg.algo.mini_batch_prompts} must be divisible by the "
+        if cfg.mini_batch_prompts() % self.acc.num_processes:
+            raise TandemError(f"algo.mini_batch_prompts={cfg.mini_batch_prompts()} must be divisible by the "
                               f"number of processes ({self.acc.num_processes}) so each owns whole prompt groups")
         _seed_everything(cfg.train.seed)
         self.pair = pair if pair is not None else load_pair(cfg.model)
@@ -145,7 +148,7 @@ class Trainer:
         Each PPO mini-batch of ``mini_batch_prompts`` prompts is split evenly over the processes, so
         every process owns whole groups (advantages stay local) and a mini-batch spans all processes.
         """
-        k, n, r = self.cfg.algo.mini_batch_prompts, self.acc.num_processes, self.acc.process_index
+        k, n, r = self.cfg.mini_batch_prompts(), self.acc.num_processes, self.acc.process_index
         share = k // n
         order = self._step_prompts(step)
         return [(g, order[g]) for m in range(0, len(order), k) for g in range(m + r * share, m + (r + 1) * share)]
@@ -237,7 +240,7 @@ class Trainer:
         mask = loss_mask(rollout, plan)
         metrics = self._drift_metrics(old, junior_lp, rollout)
         senior.train()
-        mb = cfg.algo.mini_batch_prompts * G // self.acc.num_processes
+        mb = cfg.mini_batch_prompts() * G // self.acc.num_processes
         acc_metrics: list[dict] = []
         for _ in range(cfg.algo.ppo_epochs):
             for m in range(0, rollout.batch_size, mb):
@@ -318,6 +321,10 @@ class Trainer:
         t0 = time.perf_counter()
         rollout, idx = self.rollout(step)
         t1 = time.perf_counter()
+        owned = {}
+        if self.plan.mask_owner:  # fail closed on a lost or wrong ownership mask (tandem_rlvr.ownership)
+            owned = check_ownership(rollout, self.cfg.handoff.schedule, self.cfg.handoff.p, self.cfg.rollout.max_new_tokens,
+                                    reduce=lambda v: dist.reduce_scalar(self.acc, v, "sum"))
         senior_tok = float((rollout.owner_BT * rollout.response_mask_BT).sum())
         frac = dist.reduce_scalar(self.acc, senior_tok, "sum") / max(
             1.0, dist.reduce_scalar(self.acc, float(rollout.response_mask_BT.sum()), "sum"))
@@ -345,7 +352,7 @@ class Trainer:
         })
         all_r = self.acc.gather(rewards.to(self.acc.device)).float()
         row = dist.reduce_row(self.acc, row)
-        row.update({"rollout/senior_token_frac": frac, "reward/mean": float(all_r.mean()),
+        row.update({**owned, "rollout/senior_token_frac": frac, "reward/mean": float(all_r.mean()),
                     "reward/std": float(all_r.std()) if all_r.numel() > 1 else 0.0})
         return row
 
@@ -357,7 +364,7 @@ class Trainer:
         self._resume()
         cfg = self.cfg
         if self.acc.is_main_process and cfg.train.trackers:
-            self.acc.init_trackers("tandem-rlvr", config=cfg.to_dict())
+            self.acc.init_trackers("tandem-rlvr", config=flat_config(cfg.to_dict()))
         bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"train {cfg.algo.arm}",
                    disable=not (cfg.train.progress and self.acc.is_main_process), dynamic_ncols=True)
         with self._scorer() as scorer:
