@@ -163,6 +163,9 @@ def _senior_map(value) -> dict[str, str]:
 
 def resolve_options(args: argparse.Namespace) -> EvalOptions:
     """Merge flags > ``--config`` file > defaults, and check them."""
+    import typing
+
+    from tandem_rlvr import preflight
     from tandem_rlvr.config import ConfigError
 
     merged = dict(DEFAULTS)
@@ -171,8 +174,9 @@ def resolve_options(args: argparse.Namespace) -> EvalOptions:
     for key in ("senior", "junior", "benchmark"):
         if not merged[key]:
             raise ConfigError(f"eval needs --{key} (or {key}: in the --config file)")
+    merged = preflight.typed_eval_values(merged, typing.get_type_hints(EvalOptions) | {"curve": bool})
     ps = merged.pop("curve_ps")
-    ps = [float(x) for x in (ps.split(",") if isinstance(ps, str) else ps)] if merged.pop("curve") else []
+    ps = preflight.parse_curve_ps(ps) if merged.pop("curve") else []
     bench = merged.pop("benchmark")
     opts = EvalOptions(seniors=_senior_map(merged.pop("senior")), benchmarks=[bench] if isinstance(bench, str) else list(bench),
                        curve_ps=ps, **merged)
@@ -359,12 +363,14 @@ def run_eval(opts: EvalOptions) -> dict:
     from tandem_rlvr.io import atomic_write_json
     from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
     from tandem_rlvr.report import write_eval_report
+    from tandem_rlvr import preflight
     from tandem_rlvr.evaluate import open_scorer
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = _device_dtype(opts)
     benches = _load_benchmarks(opts)
+    preflight.check_eval(opts)  # every model, tokenizer and the output directory, before any forward pass
     junior_tok = load_tokenizer(opts.junior, trust_remote_code=opts.trust_remote_code, role="junior")
     junior = freeze(load_causal_lm(opts.junior, dtype=dtype, trust_remote_code=opts.trust_remote_code, role="junior")).to(device)
     junior_llm = _vllm_llm(opts, opts.junior, dtype) if opts.engine == "vllm" else None

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from tandem_rlvr import checkpoint as ckpt_mod
-from tandem_rlvr import core, dist, fsdp, rundir
+from tandem_rlvr import core, dist, fsdp, preflight, rundir
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.handoff import make_schedule
@@ -48,6 +48,7 @@ class Trainer:
         self.run_dir = Path(cfg.train.out_dir)
         self.plan = arm_plan(cfg)
         check_trackers(cfg.train.trackers)
+        preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
         # Without an accelerator, cpu=True lets `accelerate launch` / torchrun run gloo DDP over CPU processes.
         self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
                                cpu=not torch.cuda.is_available())
