@@ -58,11 +58,14 @@ def check_eval(opts) -> None:
 
 
 def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = True) -> None:
-    """``tandem-rlvr train``: output directory, models (configs and tokenizers), tokenizer agreement,
+    """``tandem-rlvr train``: trackers, output directory, models (configs and tokenizers), tokenizer agreement,
     the reward function, and the training and validation data (each part unless the caller supplies it)."""
     from tandem_rlvr.data import load_examples
     from tandem_rlvr.rewards import import_reward
 
+    from tandem_rlvr.trackers import check_trackers
+
+    check_trackers(cfg.train.trackers)
     check_writable(cfg.train.out_dir, "train.out_dir")
     m, d = cfg.model, cfg.data
     if models:

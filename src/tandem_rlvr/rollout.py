@@ -301,8 +301,7 @@ def generate(
         s_dec, j_dec = decs[0], (decs[1] if run_junior else None)
         state = schedule.start(B, gen_sched)
         ids = torch.full((B, n_new), pad_token_id, dtype=torch.long, device=device)
-        owner = torch.zeros(B, n_new, dtype=torch.long, device=device)
-        turn = torch.full((B, n_new), -1, dtype=torch.long, device=device)
+        owner, turn = torch.zeros(B, n_new, dtype=torch.long, device=device), torch.full_like(ids, -1)  # turn: decisions
         alive_BT = torch.zeros(B, n_new, dtype=torch.long, device=device)
         done = torch.zeros(B, dtype=torch.bool, device=device)
         hit_eos = torch.zeros(B, dtype=torch.bool, device=device)
@@ -349,8 +348,7 @@ def generate(
         owner_BT=owner[:, :T], senior_logps_BT=s_dec.logps_BT[:, :T] * alive,
         junior_logps_BT=(j_dec.logps_BT[:, :T] * alive) if j_dec is not None else None,
         rounds_B=torch.minimum(rounds, torch.full_like(rounds, max_rounds or 10**9)),
-        finished_B=hit_eos, schedule=schedule.name,
-        **decision_record(turn[:, :T], schedule.name),
+        finished_B=hit_eos, schedule=schedule.name, **decision_record(turn[:, :T], schedule.name),
     )
 
 

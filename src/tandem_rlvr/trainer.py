@@ -24,7 +24,7 @@ from tandem_rlvr.errors import TandemError
 from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.io import append_jsonl
 from tandem_rlvr.ownership import check_ownership
-from tandem_rlvr.trackers import check_trackers, flat_config
+from tandem_rlvr.trackers import flat_config
 from tandem_rlvr.rewards import import_reward
 from tandem_rlvr.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask, sequence_logps  # noqa: F401 (API)
 from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts, generate
@@ -37,9 +37,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False,
                  text_metrics=None, vllm_engine=None):
-        """``pair``/``examples`` override loading from the config; ``reward_fn(completion, gold)`` replaces
-        the configured verifier (scored in-process); ``text_metrics(texts) -> dict`` adds rollout metrics;
-        ``vllm_engine`` replaces the engines ``rollout.engine=vllm`` would start."""
+        """``pair``/``examples`` override loading from the config; ``reward_fn(completion, gold)`` replaces the verifier
+        (in-process); ``text_metrics(texts) -> dict`` adds rollout metrics; ``vllm_engine`` replaces vLLM's engines."""
         from accelerate import Accelerator
 
         from tandem_rlvr.models import eos_ids, load_pair
@@ -47,7 +46,6 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.train.out_dir)
         self.plan = arm_plan(cfg)
-        check_trackers(cfg.train.trackers)
         preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
         # Without an accelerator, cpu=True lets `accelerate launch` / torchrun run gloo DDP over CPU processes.
         self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
