@@ -84,6 +84,10 @@ def test_a_lost_mask_or_another_schedule_stops_the_run(tmp_path, tokenizer, mode
     _corrupt(tr, lambda r: setattr(r, "schedule", "none"))
     with pytest.raises(TandemError, match="schedule 'none'"):
         tr.train_step(0)
+    tr = _trainer(tmp_path, tokenizer, models)  # an engine that records none of the schedule's decisions
+    _corrupt(tr, lambda r: [setattr(r, k, None) for k in ("turn_author_BT", "decisions_B", "senior_decisions_B")])
+    with pytest.raises(TandemError, match="recorded none of the handoff schedule's decisions"):
+        tr.train_step(0)
 
 
 @pytest.mark.parametrize("actual_p", [1.0, 0.0])
@@ -121,7 +125,7 @@ def _bridge_like(owner, coins, senior):
     return Rollout(z[:, :1], torch.ones(B, 1, dtype=torch.long), z, torch.ones(B, T, dtype=torch.long),
                    torch.tensor(owner), z.float(), None, torch.ones(B, dtype=torch.long),
                    torch.ones(B, dtype=torch.bool), schedule="step",
-                   coins_B=torch.tensor(coins), senior_coins_B=torch.tensor(senior))
+                   decisions_B=torch.tensor(coins), senior_decisions_B=torch.tensor(senior))
 
 
 def test_bridge_rows_are_checked_against_their_turns():

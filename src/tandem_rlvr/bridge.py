@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 import torch
 
 from tandem_rlvr.core import token_logps
-from tandem_rlvr.handoff import COIN_SCHEDULES
 from tandem_rlvr.rollout import (
     SCHEDULE_SEED_OFFSET,
     Rollout,
@@ -347,19 +346,16 @@ def _to_rollout(senior: Side, ch: _Chains, prompt_ids: list[list[int]], schedule
         prompt_ids_BP=p_ids.to(dev), prompt_mask_BP=p_mask.to(dev), response_ids_BT=ids_BT.to(dev),
         response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T),
         junior_logps_BT=None, rounds_B=torch.tensor(ch.rounds, dtype=torch.long),
-        finished_B=torch.tensor(ch.finished), schedule=schedule, **_coin_record(ch, schedule),
+        finished_B=torch.tensor(ch.finished), schedule=schedule, **_turn_record(ch),
     )
 
 
-def _coin_record(ch: _Chains, schedule: str) -> dict:
-    """Coin counts for the ownership check: under ``step`` every turn's author was a coin's outcome.
-
-    The bridge has no token-level record (turns are text, re-encoded at the end), so the trainer
-    checks its ownership mask per row against these counts (:mod:`tandem_rlvr.ownership`)."""
-    if schedule not in COIN_SCHEDULES:
-        return {}
-    return {"coins_B": torch.tensor([len(t) for t in ch.played], dtype=torch.long),
-            "senior_coins_B": torch.tensor([sum(t) for t in ch.played], dtype=torch.long)}
+def _turn_record(ch: _Chains) -> dict:
+    """Each row's turns for the ownership check: how many authors were chosen, how many were the senior
+    (under ``step`` each is a coin's outcome). The bridge has no token-level record (turns are text,
+    re-encoded at the end), so the trainer checks its mask per row (:mod:`tandem_rlvr.ownership`)."""
+    return {"decisions_B": torch.tensor([len(t) for t in ch.played], dtype=torch.long),
+            "senior_decisions_B": torch.tensor([sum(t) for t in ch.played], dtype=torch.long)}
 
 
 @torch.inference_mode()

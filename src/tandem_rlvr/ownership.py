@@ -11,7 +11,8 @@ record of its decisions (see :class:`~tandem_rlvr.rollout.Rollout`), and the dec
    ``none`` decisions must all be the senior. One disagreeing token stops the run. The text bridge
    re-encodes the final text, so it has no token-level record: it records each row's turns, and a
    row whose turns all went to one author must be owned entirely by that author (an all-senior or
-   all-junior mask on a row with turns of both authors is caught by 2.).
+   all-junior mask on a row with turns of both authors is caught by 2. under ``step``; ``alternate``
+   has no coins, so there only the rows are checked). A rollout with no record at all stops the run.
 2. **Coins vs. p.** For coin schedules (bernoulli, word, step, chunk) the outcomes of the coins that
    decided who writes are i.i.d. Bernoulli(p): each coin is drawn before, and independently of,
    the decision to use it (a redraw depends on the tokens so far only). Their expectation is p
@@ -70,12 +71,13 @@ def token_disagreements(rollout: Rollout) -> int:
 
 
 def row_disagreements(rollout: Rollout) -> int:
-    """Rows (text bridge) whose turns all went to one author but whose tokens are not all that author's."""
+    """Rows (text bridge) whose turns all went to one author but whose tokens are not all that author's
+    (``decisions_B``: the row's turns, ``senior_decisions_B``: the senior's)."""
     live = rollout.response_mask_BT.bool()
     own = (rollout.owner_BT.long() * live).sum(-1)
     n_live = live.sum(-1)
-    coins, senior = rollout.coins_B.long().cpu(), rollout.senior_coins_B.long().cpu()
-    bad = ((senior == 0) & (own.cpu() > 0)) | ((senior == coins) & (coins > 0) & (own.cpu() != n_live.cpu()))
+    turns, senior = rollout.decisions_B.long().cpu(), rollout.senior_decisions_B.long().cpu()
+    bad = ((senior == 0) & (own.cpu() > 0)) | ((senior == turns) & (turns > 0) & (own.cpu() != n_live.cpu()))
     return int(bad.sum())
 
 
@@ -93,18 +95,19 @@ def check_ownership(rollout: Rollout, schedule: str, p: float, budget: int,
                           f"but the config says {schedule!r}; refusing to train on its ownership mask")
     if rollout.turn_author_BT is not None:
         bad, what = token_disagreements(rollout), "tokens"
-    elif rollout.coins_B is not None:
+    elif rollout.decisions_B is not None:
         bad, what = row_disagreements(rollout), "rows (text bridge: per-row check)"
     else:
-        bad, what = 0, ""
+        raise TandemError("the rollout engine recorded none of the handoff schedule's decisions "
+                          "(Rollout.turn_author_BT / decisions_B); refusing to train on an ownership mask that cannot be checked")
     bad = reduce(float(bad))
     if bad:
         raise TandemError(f"the ownership mask disagrees with the handoff schedule's record of authors at {int(bad)} "
                           f"{what} of this step (handoff.schedule={schedule}); refusing to train on it")
-    if rollout.coins_B is None or schedule not in COIN_SCHEDULES:
+    if schedule not in COIN_SCHEDULES:
         return {}
-    n = reduce(float(rollout.coins_B.sum()))
-    k = reduce(float(rollout.senior_coins_B.sum()))
+    n = reduce(float(rollout.decisions_B.sum()))
+    k = reduce(float(rollout.senior_decisions_B.sum()))
     if n == 0:
         return {}
     n_max = reduce(float(rollout.batch_size)) * budget

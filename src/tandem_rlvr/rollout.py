@@ -41,7 +41,7 @@ from transformers import DynamicCache
 
 from tandem_rlvr import fastpath
 from tandem_rlvr.fastpath import _adapter_off_call, _buffer_cache, gqa_attention
-from tandem_rlvr.handoff import COIN_SCHEDULES, Schedule
+from tandem_rlvr.handoff import Schedule
 
 SCHEDULE_SEED_OFFSET = 1_000_003
 MODES = ("lockstep", "catchup")
@@ -76,9 +76,9 @@ class Rollout:
     The schedule's own record of its decisions, which the trainer checks the ownership mask against
     (:mod:`tandem_rlvr.ownership`): ``turn_author_BT`` is -1 where a token continues its author's
     turn and the author the schedule chose (1 senior, 0 junior) where a decision came before it (the
-    first token and every redraw); ``coins_B`` / ``senior_coins_B`` count a row's handoff coins
-    that decided who writes (None for coin-free schedules) and how many chose the senior. Engines
-    that cannot record them leave them None.
+    first token and every redraw); ``decisions_B`` / ``senior_decisions_B`` count a row's decisions
+    that chose who writes a token (under a coin schedule each is a coin toss) and how many chose the
+    senior. Engines that cannot record them leave them None.
     """
 
     prompt_ids_BP: torch.Tensor
@@ -92,8 +92,8 @@ class Rollout:
     finished_B: torch.Tensor
     schedule: str = "none"
     turn_author_BT: torch.Tensor | None = None
-    coins_B: torch.Tensor | None = None
-    senior_coins_B: torch.Tensor | None = None
+    decisions_B: torch.Tensor | None = None
+    senior_decisions_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -348,17 +348,14 @@ def generate(
         owner_BT=owner[:, :T], senior_logps_BT=s_dec.logps_BT[:, :T] * alive,
         junior_logps_BT=(j_dec.logps_BT[:, :T] * alive) if j_dec is not None else None,
         rounds_B=torch.minimum(rounds, torch.full_like(rounds, max_rounds or 10**9)),
-        finished_B=hit_eos, schedule=schedule.name, **decision_record(turn[:, :T], schedule.name),
+        finished_B=hit_eos, schedule=schedule.name, **decision_record(turn[:, :T]),
     )
 
 
-def decision_record(turn_author_BT: torch.Tensor, schedule: str) -> dict:
-    """The Rollout fields of a schedule's decisions (``turn_author_BT`` and, for coin schedules, the coin counts)."""
-    out = {"turn_author_BT": turn_author_BT}
-    if schedule in COIN_SCHEDULES:
-        out["coins_B"] = (turn_author_BT >= 0).long().sum(-1)
-        out["senior_coins_B"] = (turn_author_BT == 1).long().sum(-1)
-    return out
+def decision_record(turn_author_BT: torch.Tensor) -> dict:
+    """The Rollout fields of a schedule's decisions: ``turn_author_BT`` and the per-row counts."""
+    return {"turn_author_BT": turn_author_BT, "decisions_B": (turn_author_BT >= 0).long().sum(-1),
+            "senior_decisions_B": (turn_author_BT == 1).long().sum(-1)}
 
 
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
@@ -392,6 +389,6 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         rounds_B=torch.cat([r.rounds_B for r in parts]),
         finished_B=torch.cat([r.finished_B for r in parts]),
         schedule=parts[0].schedule,
-        turn_author_BT=cat_opt("turn_author_BT", -1), coins_B=cat_opt("coins_B"),
-        senior_coins_B=cat_opt("senior_coins_B"),
+        turn_author_BT=cat_opt("turn_author_BT", -1), decisions_B=cat_opt("decisions_B"),
+        senior_decisions_B=cat_opt("senior_decisions_B"),
     )

@@ -327,5 +327,5 @@ def _to_rollout(chains: list[_Chain], prompt_ids_BP: torch.Tensor, prompt_mask_B
         prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP, response_ids_BT=ids_BT.to(dev),
         response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T, device=dev),
         junior_logps_BT=None, rounds_B=rounds_B.to(dev), finished_B=torch.tensor([c.eos for c in chains]).to(dev),
-        schedule=schedule, **{k: v.to(dev) for k, v in decision_record(turn_BT, schedule).items()},
+        schedule=schedule, **{k: v.to(dev) for k, v in decision_record(turn_BT).items()},
     )
