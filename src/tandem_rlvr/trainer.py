@@ -274,7 +274,7 @@ class Trainer:
             with dist.no_sync_unless_last(self.acc, self.senior, i == len(chunks) - 1):
                 self.acc.backward(loss * (float(n_proc) if token_mean else share))
             met = {k: _num(v) for k, v in met.items()}
-            parts.append(met | {"train/loss": _num(loss) * share, "train/pg_loss": met["train/pg_loss"] * share})
+            parts.append(met | {"train/loss": _num(loss) * share, "train/pg_loss": met.get("train/pg_loss", 0.0) * share})
         grad_norm = self._clip_and_step()
         summed = {"train/loss", "train/pg_loss", "train/num_tokens"}  # add up over the chunks
         out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in set().union(*parts) - summed}
