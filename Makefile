@@ -15,3 +15,9 @@ bench-quick: setup
 	TANDEM_BENCH_QUICK=1 bash benchmarks/run_all.sh
 fuzz: setup
 	.venv/bin/python scripts/fuzz_rewards.py --n 10000
+.PHONY: test-vllm mutate
+test-vllm:
+	bash scripts/test_vllm.sh
+mutate: setup
+	.venv/bin/python -m pip install -q -c constraints.txt -e ".[test,mutate]"
+	bash scripts/mutate.sh

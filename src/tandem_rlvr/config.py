@@ -78,8 +78,10 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     batch_size: int = _f(0, "Rollouts per engine call (0 = all of this process's rollouts of the step at once). A multiple of group_size.")
-    engine: str = _f("hf", "Rollout engine: hf (in-process lockstep engine, every schedule) or vllm (vLLM engines, schedules none/step/alternate; needs tandem-rlvr[vllm]).")
+    engine: str = _f("hf", "Rollout engine: hf (in-process lockstep engine) or vllm (vLLM engines, needs tandem-rlvr[vllm]); both serve every handoff schedule.")
     vllm_memory: float = _f(0.3, "Share of the accelerator's memory each vLLM engine may take (senior and junior engines share the device with training).")
+    vllm_timeout_s: float = _f(600.0, "Stop the run (the last checkpoint is kept) when a vLLM engine step does not answer within this many seconds.")
+    vllm_in_flight: int = _f(0, "Most vLLM requests in flight at once for word/bernoulli/chunk turns (0 = every rollout of the engine call).")
 
 
 @dataclass
@@ -93,6 +95,9 @@ class TrainConfig:
     max_nonfinite: int = _f(3, "Stop (with a checkpoint) after this many non-finite updates in a row.")
     trackers: list = _f([], "Extra accelerate trackers, e.g. [tensorboard] or [wandb].")
     progress: bool = _f(True, "Show a progress bar.")
+    preempt_exit_code: int = _f(143, "Exit code after SIGTERM/SIGUSR1/SIGINT stopped the run with a checkpoint (a requeue script tells it from a failure; 143 = 128 + SIGTERM).")
+    watchdog_s: float = _f(1800.0, "Stop with a stack dump of every thread (exit 124) when a step makes no progress for this many seconds (0 = off).")
+    collective_timeout_s: float = _f(1800.0, "Multi-process: a collective waiting longer than this for a peer fails, and the run stops naming the vanished rank (exit 75).")
     fsdp: str = _f("off", "Shard the senior over the processes with FSDP2: off (DDP, a full copy each), full (parameters, gradients, AdamW states sharded; like ZeRO-3) or zero2 (gradients and AdamW states; like ZeRO-2). Needs a multi-process launch.")
 
 
@@ -287,6 +292,7 @@ def validate(cfg: Config) -> None:
     """Cross-field checks; raises :class:`ConfigError` naming the key."""
     from tandem_rlvr.fsdp import MODES as FSDP_MODES
     from tandem_rlvr.handoff import SCHEDULES
+    from tandem_rlvr.vllm_backend import VLLM_SCHEDULES as VLLM_SERVES
 
     a, h, t, r = cfg.algo, cfg.handoff, cfg.train, cfg.rollout
     checks = [
@@ -304,9 +310,8 @@ def validate(cfg: Config) -> None:
         (a.lr > 0 and math.isfinite(a.lr), "algo.lr", f"must be a finite number > 0, got {a.lr}"),
         (a.max_grad_norm >= 0, "algo.max_grad_norm", f"must be >= 0 (0 = off), got {a.max_grad_norm}"),
         (a.clip_eps_high is None or a.clip_eps_high > 0, "algo.clip_eps_high", f"must be > 0 or None, got {a.clip_eps_high}"),
-        (a.mini_batch_prompts == 0 or (a.mini_batch_prompts >= 1 and t.prompts_per_step % a.mini_batch_prompts == 0),
-         "algo.mini_batch_prompts", f"must be 0 (all prompts of the step) or divide train.prompts_per_step "
-         f"({t.prompts_per_step}), got {a.mini_batch_prompts}"),
+        (a.mini_batch_prompts >= 0 and t.prompts_per_step % (a.mini_batch_prompts or 1) == 0, "algo.mini_batch_prompts",
+         f"must be 0 (all prompts of the step) or divide train.prompts_per_step ({t.prompts_per_step}), got {a.mini_batch_prompts}"),
         (a.ppo_epochs >= 1 and a.micro_batch >= 0, "algo.ppo_epochs", "ppo_epochs must be >= 1 and micro_batch >= 0"),
         (h.schedule in SCHEDULES, "handoff.schedule", f"must be one of {', '.join(SCHEDULES)}, got {h.schedule!r}"),
         (0.0 <= h.p <= 1.0, "handoff.p", f"must be in [0, 1], got {h.p}"),
@@ -316,9 +321,10 @@ def validate(cfg: Config) -> None:
         (0 < r.top_p <= 1 and r.top_k >= 0, "rollout.top_p", "top_p must be in (0, 1] and top_k >= 0"),
         (r.batch_size == 0 or r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),
         (r.engine in ("hf", "vllm"), "rollout.engine", f"must be hf or vllm, got {r.engine!r}"),
-        (r.engine != "vllm" or a.arm != "trlvr" or h.schedule in ("step", "alternate"), "rollout.engine",
-         f"vllm serves handoff schedules none, step and alternate only; {h.schedule!r} handoffs stay on the "
-         "in-process engine (rollout.engine=hf): a handoff every few tokens would make each one an engine round-trip"),
+        (r.engine != "vllm" or a.arm != "trlvr" or h.schedule in VLLM_SERVES, "rollout.engine",
+         f"vllm does not serve handoff.schedule={h.schedule!r} (it serves {', '.join(VLLM_SERVES)}); use rollout.engine=hf"),
+        (r.vllm_timeout_s > 0, "rollout.vllm_timeout_s", f"must be > 0, got {r.vllm_timeout_s}"),
+        (r.vllm_in_flight >= 0, "rollout.vllm_in_flight", f"must be >= 0, got {r.vllm_in_flight}"),
         (r.engine != "vllm" or not cfg.model.bridge, "rollout.engine", "vllm does not run the text bridge (model.bridge); use rollout.engine=hf"),
         (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
@@ -340,9 +346,19 @@ def validate(cfg: Config) -> None:
         band = a.senior_frac_band
         ok = len(band) == 2 and all(isinstance(x, (int, float)) for x in band) and 0 <= band[0] <= band[1] <= 1
         checks.append((ok, "algo.senior_frac_band", f"must be [low, high] with 0 <= low <= high <= 1, got {band}"))
-    for ok, key, msg in checks:
+    for ok, key, msg in checks + _fault_checks(t):
         if not ok:
             raise ConfigError(f"config key {key!r} {msg}")
+
+
+def _fault_checks(t: TrainConfig) -> list:
+    """Checks of the preemption, watchdog and collective-timeout keys (see tandem_rlvr.preempt)."""
+    return [
+        (0 < t.preempt_exit_code < 256 and t.preempt_exit_code not in (2, 75, 124), "train.preempt_exit_code",
+         f"must be in 1..255 and differ from the other exit codes (2, 75, 124), got {t.preempt_exit_code}"),
+        (t.watchdog_s >= 0 and math.isfinite(t.watchdog_s), "train.watchdog_s", f"must be >= 0 (0 = off), got {t.watchdog_s}"),
+        (0 < t.collective_timeout_s < math.inf, "train.collective_timeout_s", f"must be a finite number > 0, got {t.collective_timeout_s}"),
+    ]
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

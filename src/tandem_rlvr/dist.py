@@ -33,6 +33,8 @@ def check_supported(distributed_type) -> None:
 
 def reduce_scalar(acc, value: float, op: str) -> float:
     """``sum`` / ``max`` / ``mean`` of a Python scalar over processes."""
+    if op not in ("sum", "max", "mean"):
+        raise ValueError(f"reduce_scalar: op must be sum, max or mean, got {op!r}")
     if acc.num_processes == 1:
         return float(value)
     t = torch.tensor([float(value)], device=acc.device)

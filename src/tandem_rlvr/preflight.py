@@ -45,16 +45,16 @@ def check_model(name: str, role: str, trust_remote_code: bool = False):
     return load_tokenizer(name, trust_remote_code=trust_remote_code, role=role)
 
 
-def check_eval(opts) -> None:
-    """``tandem-rlvr eval``: every senior and the junior load their configs and tokenizers, the
-    tokenizers agree, and the output directory is writable (benchmarks are loaded before this)."""
+def check_eval(opts, juniors: dict[str, str]) -> None:
+    """``tandem-rlvr eval``: every senior and junior loads its config and tokenizer, and the output
+    directory is writable (benchmarks are loaded before this; pairs of different tokenizers are
+    evaluated through the text bridge, so tokenizers need not agree)."""
     check_writable(opts.out, "eval --out")
     trc = opts.trust_remote_code
-    junior_tok = check_model(opts.junior, "junior", trc)
+    for name, path in juniors.items():
+        check_model(path, f"junior {name!r}" if len(juniors) > 1 else "junior", trc)
     for name, path in opts.seniors.items():
-        tok = check_model(path, f"senior {name!r}", trc)
-        if tok is not None and junior_tok is not None:
-            check_tokenizers(tok, junior_tok, path, opts.junior)
+        check_model(path, f"senior {name!r}", trc)
 
 
 def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = True) -> None:
@@ -116,6 +116,6 @@ def typed_eval_values(merged: dict, option_types: dict) -> dict:
 
     out = dict(merged)
     for key, value in merged.items():
-        if key in option_types and key not in ("senior", "benchmark", "curve_ps") and value is not None:
+        if key in option_types and key not in ("senior", "junior", "benchmark", "curve_ps") and value is not None:
             out[key] = _coerce(value, option_types[key], f"eval {key.replace('_', '-')}")
     return out

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from tandem_rlvr import checkpoint as ckpt_mod
-from tandem_rlvr import core, dist, fsdp, preflight, rundir
+from tandem_rlvr import core, dist, fsdp, preempt, preflight, rundir
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.handoff import make_schedule
@@ -49,7 +49,7 @@ class Trainer:
         preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
         # Without an accelerator, cpu=True lets `accelerate launch` / torchrun run gloo DDP over CPU processes.
         self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
-                               cpu=not torch.cuda.is_available())
+                               cpu=not torch.cuda.is_available(), kwargs_handlers=preempt.process_group_kwargs(cfg))
         dist.check_supported(self.acc.distributed_type)
         if cfg.train.fsdp != "off" and self.acc.num_processes < 2:
             raise TandemError(f"train.fsdp={cfg.train.fsdp} shards the senior over processes, but this is one process: "
@@ -348,6 +348,7 @@ class Trainer:
             "train/nonfinite_run": self.nonfinite_run,
             "dist/num_processes": self.acc.num_processes,
             "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2, "time/step_s": t3 - t0,
+            **(self.vllm.step_metrics() if hasattr(self.vllm, "step_metrics") else {}),
         })
         all_r = self.acc.gather(rewards.to(self.acc.device)).float()
         row = dist.reduce_row(self.acc, row)
@@ -366,12 +367,15 @@ class Trainer:
             self.acc.init_trackers("tandem-rlvr", config=flat_config(cfg.to_dict()))
         bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"train {cfg.algo.arm}",
                    disable=not (cfg.train.progress and self.acc.is_main_process), dynamic_ncols=True)
-        with self._scorer() as scorer:
+        guard = preempt.RunGuard(self)  # signals, watchdog, heartbeats: see tandem_rlvr.preempt
+        with self._scorer() as scorer, guard.running():
             self.scorer = scorer
             while self.step < cfg.train.steps:
                 row = self.train_step(self.step)
                 self.step += 1
+                guard.beat(f"logging, validating and saving step {self.step}")
                 self._after_step(row)
+                guard.after_step()
                 bar.update(1)
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", senior=f"{row['rollout/senior_token_frac']:.2f}")
         bar.close()
