@@ -201,6 +201,7 @@ class RowCarry:
     gap: int = 0
     prev_nl: bool = False
     rounds: int = 1
+    fresh: bool = True  # the author was just decided (start, redraw): HandoffState.fresh_B
 
 
 def row_start(schedule: Schedule, coin0: bool) -> RowCarry:
@@ -231,6 +232,7 @@ def row_advance(schedule: Schedule, carry: RowCarry, tok: int, coin: Callable[[]
     """
     carry.gap += 1
     redraw = row_redraws(schedule, carry, tok)
+    carry.fresh = bool(redraw)
     if schedule.name in ("step", "alternate"):
         carry.prev_nl = bool(schedule._table().ends_nl_V[tok])
     if not redraw:
