@@ -18,3 +18,11 @@ def stall_in_step_two(completion: str, gold: str, **kwargs) -> float:
     if _calls[0] > 16:
         time.sleep(3600)
     return length_reward(completion, gold)
+
+
+def paced_length_reward(completion: str, gold: str, **kwargs) -> float:
+    """length_reward, 50 ms per call: a run whose steps last long enough for a signal to land mid-run."""
+    import time
+
+    time.sleep(0.05)
+    return length_reward(completion, gold)

@@ -20,7 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 from test_cli_train import write_config
-from tandem_rlvr import integrity
+from tandem_rlvr import integrity, preempt
 from tandem_rlvr.cli import main
 
 VOLATILE = ("time/",)  # wall-clock timings; every other key must match
@@ -33,9 +33,9 @@ def _env(**extra):
     return env
 
 
-def _cfg(d: Path, model_dirs, steps=6, **train):
+def _cfg(d: Path, model_dirs, steps=6, data=REWARD, **train):
     d.mkdir(parents=True, exist_ok=True)
-    return write_config(d, model_dirs, data=REWARD, steps=steps, **{"save_every": 2, "keep_last": 2, **train})
+    return write_config(d, model_dirs, data=data, steps=steps, **{"save_every": 2, "keep_last": 2, **train})
 
 
 def _rows(run):
@@ -83,7 +83,8 @@ def reference(tmp_path_factory, model_dirs):
 def test_sigterm_and_sigusr1_stop_with_a_checkpoint_and_resume_equals_uninterrupted(tmp_path, model_dirs, reference,
                                                                                      monkeypatch):
     rng = random.Random(17)
-    cfg = _cfg(tmp_path, model_dirs)
+    # paced reward (same values as the reference's): steps last long enough that both signals land mid-run
+    cfg = _cfg(tmp_path, model_dirs, data={"reward": "rewards_for_tests:paced_length_reward"})
     run = tmp_path / "run"
     # 1: SIGTERM from outside at a random moment after the first step, a second one 20 ms later
     p = subprocess.Popen([sys.executable, "-m", "tandem_rlvr", "train", str(cfg)], env=_env(),
@@ -374,3 +375,18 @@ def test_fault_config_keys_are_documented_and_checked():
     for bad in ("train.preempt_exit_code=75", "train.watchdog_s=-1", "train.collective_timeout_s=0"):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             load_config(None, ["model.senior=s", "model.self_paired=true", bad])
+
+
+def test_a_process_that_exits_after_a_stop_ignores_late_signals(monkeypatch):
+    """The window between the guard's exit and the process's exit: a late SIGTERM must not kill it (-15)."""
+    guard = preempt.RunGuard.__new__(preempt.RunGuard)
+    guard._old, guard.signum = {}, None
+    before = signal.getsignal(signal.SIGTERM)
+    for exits, stopped, expect_late in [(True, True, True), (True, False, False), (False, True, False)]:
+        monkeypatch.setattr(preempt, "EXIT_AFTER_STOP", exits)
+        guard.signum = signal.SIGTERM if stopped else None
+        guard._old = {signal.SIGTERM: before}
+        guard._uninstall()
+        now = signal.getsignal(signal.SIGTERM)
+        assert (now is preempt._late_signal) == expect_late, (exits, stopped)
+        signal.signal(signal.SIGTERM, before)

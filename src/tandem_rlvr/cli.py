@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from tandem_rlvr.errors import Preempted, user_errors
 
+    if argv is None and args.command == "train":  # a process of its own: it exits after a preemption stop
+        from tandem_rlvr import preempt
+
+        preempt.EXIT_AFTER_STOP = True
     try:
         return int(args.func(args) or 0)
     except Preempted as e:

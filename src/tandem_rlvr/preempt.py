@@ -51,6 +51,14 @@ class _Abandon(BaseException):
     """Raised by the signal handler inside an abandonable rollout (never escapes :class:`RunGuard`)."""
 
 
+# Set by the command-line entry point (a process of its own, which exits after a preemption stop).
+EXIT_AFTER_STOP = False
+
+
+def _late_signal(signum, frame) -> None:
+    log.warning("%s received while exiting after a preemption stop; ignored", signal.Signals(signum).name)
+
+
 class RunGuard:
     """One training run's guard; use :meth:`running` around the loop, :meth:`beat` and :meth:`after_step` in it."""
 
@@ -160,8 +168,11 @@ class RunGuard:
             self._old[sig] = signal.signal(sig, self._handler)
 
     def _uninstall(self) -> None:
+        # A process that exits after this stop keeps ignoring late signals: a second SIGTERM landing
+        # between here and the exit must not turn exit code 143 into a kill by the default handler.
+        keep = self.signum is not None and EXIT_AFTER_STOP
         for sig, old in self._old.items():
-            signal.signal(sig, old)
+            signal.signal(sig, _late_signal if keep else old)
         self._old.clear()
 
     def _handler(self, signum, frame) -> None:
