@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quick", action="store_true", help="1 seed, fewer steps, smaller eval (under 2 minutes; direction only)")
     d.add_argument("--junior", choices=("weak", "self"), default="weak",
                    help="weak: the world's weaker junior (default); self: a frozen copy of the senior's warm start")
-    d.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; 1 with --quick)")
+    d.add_argument("--seeds", type=int, default=None, help="seeds per run (default 5; 1 with --quick)")
     d.add_argument("--out", default="demo_out", help="output directory")
     d.add_argument("--rebuild-world", action="store_true", help="rebuild the cached world models")
     d.add_argument("--restart", action="store_true", help="start over instead of resuming an interrupted demo in --out")

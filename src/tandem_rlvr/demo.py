@@ -33,7 +33,7 @@ ARMS = ("grpo", "trlvr", "kl_reg")
 class DemoPlan:
     """Sizes of one demo run (``quick`` or ``full``)."""
 
-    seeds: int = 3
+    seeds: int = 5
     steps: int = 20
     prompts_per_step: int = 8
     group_size: int = 8
@@ -262,13 +262,21 @@ def _world(ctx: _Context) -> dict:
 
 
 def _run_job(ctx: _Context, job: tuple, progress: bool) -> tuple[list | None, dict]:
-    """Train (unless the warm start) and evaluate one job; returns ``(curve rows, eval metrics)``."""
+    """Train (unless the warm start) and evaluate one job; returns ``(curve rows, eval metrics)`` (with the
+    job's wall and CPU seconds, ``time/job_s`` and ``time/job_cpu_s``)."""
+    # The world's models are tiny: one intra-op thread is faster than several and immune to a busy machine.
+    torch.set_num_threads(int(os.environ.get("TANDEM_RLVR_THREADS", "1")))
+    t0, c0 = time.perf_counter(), time.process_time()
+    curve, metrics = _train_and_evaluate(ctx, job, progress)
+    metrics["time/job_s"], metrics["time/job_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+    return curve, metrics
+
+
+def _train_and_evaluate(ctx: _Context, job: tuple, progress: bool) -> tuple[list | None, dict]:
     from tandem_rlvr.demo_val import DemoTrainer, senior_alone
     from tandem_rlvr.models import Pair
     from tandem_rlvr.rewards import RewardScorer
 
-    # The world's models are tiny: one intra-op thread is faster than several and immune to a busy machine.
-    torch.set_num_threads(int(os.environ.get("TANDEM_RLVR_THREADS", "1")))
     w, plan, (run, seed) = _world(ctx), ctx.plan, job
     chains = Path(ctx.out) / "chains"
     with RewardScorer("math", time_limit=2.0, num_workers=1) as scorer:
@@ -343,9 +351,10 @@ def _run_parallel(ctx: _Context, todo: list, n: int):
 
 
 def _eval_units(plan: DemoPlan) -> int:
-    """An evaluation's cost in training steps, for the ETA only: about three chains (solo, handoff,
-    curve) per evaluated sample, against one chain per training sample."""
-    return max(1, round(3 * plan.eval_problems * plan.eval_n / (plan.prompts_per_step * plan.group_size)))
+    """An evaluation's cost in training steps, for the ETA only: one chain per mode (solo, step handoff,
+    each word-handoff point but p = 1) per evaluated sample, against one chain per training sample."""
+    modes = 2 + sum(1 for p in plan.curve_ps if float(p) != 1.0)
+    return max(1, round(modes * plan.eval_problems * plan.eval_n / (plan.prompts_per_step * plan.group_size)))
 
 
 def _steps_logged(out: Path, job: tuple) -> int:
