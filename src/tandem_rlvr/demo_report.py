@@ -199,7 +199,8 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
     seeds = n_seeds(results)
     text = [
         "# Tandem RLVR demo (built-in arithmetic world)", "",
-        f"Seeds: {seeds}; {plan['steps']} training steps of {plan['prompts_per_step']} prompts x "
+        f"Seeds: {seeds}{'' if seeds >= plan['seeds'] else ' of the ' + str(plan['seeds']) + ' planned (an unfinished run)'}; "
+        f"{plan['steps']} training steps of {plan['prompts_per_step']} prompts x "
         f"{plan['group_size']} rollouts; kl_reg β sweep {plan.get('kl_betas')}; evaluation on {plan['eval_problems']} "
         f"test problems x {plan['eval_n']} samples; junior: {results.get('junior')}. Total time "
         f"{results.get('total_s', float('nan')):.0f} s (world build {results['world']['build_s']:.0f} s).", "",
