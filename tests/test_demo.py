@@ -55,7 +55,9 @@ def test_demo_quick_writes_every_output(quick_demo, tmp_path, world, monkeypatch
         assert f"kl_beta: {float(beta)}" in cfg, beta
     report = (out / "report.md").read_text()
     assert "## Claims" in report and report.count("\n1. ") == 1 and "5. KL-Reg" in report
-    assert "**Direction only**" in report and "reproduced" not in report.replace("not reproduced", "")
+    claim_lines = [line for line in report.split("## Claims")[1].splitlines() if line[:2] in ("1.", "2.", "3.", "4.", "5.")]
+    assert "**Direction only**" in report and len(claim_lines) == 5
+    assert all("direction only (one seed)" in line for line in claim_lines), claim_lines
     for p in QUICK.curve_ps:
         assert f"word tandem pass@1, p={float(p)} |" in report
     for png in ("tradeoff.png", "training_curves.png", "senior_alone_curves.png", "claims.png"):
@@ -68,7 +70,6 @@ def test_demo_quick_writes_every_output(quick_demo, tmp_path, world, monkeypatch
     # A killed demo resumes after its last finished evaluation: drop kl_reg's entries (as if killed while
     # it trained) and the finished-run marker; the rerun trains only kl_reg and keeps the other numbers.
     # The rerun has one job, so it runs in this process: its numbers equal those of the worker process.
-    import shutil
 
     partial = json.loads((out / "results.json").read_text())
     kept = {arm: partial["arms"][arm]["0"] for arm in RUNS if arm != "kl_reg@0.1"}
