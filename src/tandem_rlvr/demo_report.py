@@ -189,6 +189,14 @@ def n_seeds(results: dict) -> int:
     return min((len(v) for v in results["arms"].values()), default=0)
 
 
+def _timing(results: dict) -> str:
+    total = results.get("total_s")
+    cpu = sum(m.get("time/job_cpu_s", 0.0) for r in results["arms"].values() for m in r.values())
+    cpu += results["warm_start"].get("time/job_cpu_s", 0.0)
+    head = "Total time: unfinished" if total is None or math.isnan(total) else f"Total time {total:.0f} s"
+    return f"{head} (world build {results['world']['build_s']:.0f} s; the jobs' CPU time {cpu:.0f} s)."
+
+
 def write_report(results: dict, out_dir: str | Path) -> Path:
     """Write ``report.md``, the plots and ``report.html``; returns the report path."""
     from tandem_rlvr.demo_plots import write_plots
@@ -202,8 +210,7 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         f"Seeds: {seeds}{'' if seeds >= plan['seeds'] else ' of the ' + str(plan['seeds']) + ' planned (an unfinished run)'}; "
         f"{plan['steps']} training steps of {plan['prompts_per_step']} prompts x "
         f"{plan['group_size']} rollouts; kl_reg β sweep {plan.get('kl_betas')}; evaluation on {plan['eval_problems']} "
-        f"test problems x {plan['eval_n']} samples; junior: {results.get('junior')}. Total time "
-        f"{results.get('total_s', float('nan')):.0f} s (world build {results['world']['build_s']:.0f} s).", "",
+        f"test problems x {plan['eval_n']} samples; junior: {results.get('junior')}. {_timing(results)}", "",
         *([f"**Direction only**: one seed gives no interval, so no claim below can be reproduced or refuted by this run; "
            f"run the full demo (several seeds) for verdicts.", ""] if seeds < 2 else []),
         "Cells: mean ± half-width of the 95% Student-t interval over seeds (no interval with one seed). "
