@@ -38,6 +38,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=16, help="rollouts per forward/backward chunk (default 16)")
     p.add_argument("--dtype", default=None, help="default bfloat16 on GPU, float32 on CPU")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms (default trlvr,grpo)")
+    p.add_argument("--engines", default="auto",
+                   help="comma-separated rollout engines: hf, vllm (default auto: hf, and vllm where it imports)")
+    p.add_argument("--random-4b", action="store_true",
+                   help="build a randomly initialised Qwen3-4B-shaped model from a config (no download) instead of --model")
+    p.add_argument("--vllm-memory", type=float, default=0.3, help="rollout.vllm_memory of the vllm runs (default 0.3)")
     p.add_argument("--out", default="runs/gpu_check", help="output directory (default runs/gpu_check)")
     args = p.parse_args(argv)
     if not args.cpu_smoke and not args.model:
@@ -85,7 +90,39 @@ def build_tiny_qwen3(out_dir: Path) -> Path:
     return out_dir
 
 
-def make_config(args, arm: str, model: str, out: Path):
+def build_random_4b(out_dir: Path) -> Path:
+    """A randomly initialised model of Qwen3-4B's shape (36 layers, hidden 2560, 32/8 heads of 128) with the
+    local BPE tokenizer of :func:`build_tiny_qwen3` (its ids are a subset of the 151,936 rows)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tiny = build_tiny_qwen3(out_dir.parent / "tiny-qwen3")
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                      rope_theta=1e6, tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+    tok.save_pretrained(str(out_dir))
+    del model
+    return out_dir
+
+
+def engines(args) -> list[str]:
+    """The rollout engines to run: ``--engines``, ``auto`` = hf plus vllm where it imports."""
+    if args.engines != "auto":
+        return [e.strip() for e in args.engines.split(",") if e.strip()]
+    from tandem_rlvr.vllm_backend import vllm_available
+
+    return ["hf", "vllm"] if vllm_available() else ["hf"]
+
+
+def make_config(args, arm: str, model: str, out: Path, engine: str = "hf"):
     """The run config of one arm: paper settings, scaled down to a few short steps."""
     import torch
 
@@ -97,9 +134,10 @@ def make_config(args, arm: str, model: str, out: Path):
         "algo": {"arm": arm, "group_size": args.group_size, "loss_type": "dapo", "lr": 1e-6, "clip_eps": 0.2,
                  "mini_batch_prompts": max(1, args.prompts // 2), "micro_batch": args.micro_batch},
         "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},
-        "rollout": {"max_new_tokens": args.max_new_tokens, "max_prompt_tokens": 1024, "temperature": 0.6},
+        "rollout": {"max_new_tokens": args.max_new_tokens, "max_prompt_tokens": 1024, "temperature": 0.6,
+                    "engine": engine, "vllm_memory": args.vllm_memory},
         "train": {"steps": args.steps, "prompts_per_step": args.prompts, "save_every": 0, "progress": False,
-                  "out_dir": str(out / f"run_{arm}")},
+                  "out_dir": str(out / f"run_{arm}_{engine}")},
         "data": {"train": "synthetic", "reward": "boxed_exact"},
     }
     if args.cpu_smoke:  # a handful of 24-token rollouts: the share of senior tokens is noisy
@@ -113,13 +151,13 @@ def _boxed_exact(text: str, gold: str) -> float:
     return float(get_reward_fn("boxed_exact")(text, gold))
 
 
-def run_arm(args, arm: str, model: str, out: Path) -> dict:
-    """Run ``args.steps`` steps of one arm; return its timing summary."""
+def run_arm(args, arm: str, model: str, out: Path, engine: str = "hf") -> dict:
+    """Run ``args.steps`` steps of one arm on one rollout engine; return its timing summary."""
     import torch
 
     from tandem_rlvr.trainer import Trainer
 
-    cfg = make_config(args, arm, model, out)
+    cfg = make_config(args, arm, model, out, engine)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -132,7 +170,7 @@ def run_arm(args, arm: str, model: str, out: Path) -> dict:
         row = trainer.train_step(step)
         row["wall_s"] = time.perf_counter() - t
         rows.append(row)
-        print(f"  {arm} step {step + 1}: {_describe(row, args)}", flush=True)
+        print(f"  {arm}/{engine} step {step + 1}: {_describe(row, args)}", flush=True)
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     del trainer
     gc.collect()
@@ -171,17 +209,22 @@ def report(results: dict[str, dict], env: dict) -> dict:
     """Print the table and the TRLVR / GRPO ratios; return everything as one dict."""
     print("\n== gpu_check: " + ", ".join(f"{k}={v}" for k, v in env.items()))
     cols = ("step_s", "rollout_s", "update_s", "gen_tokens_per_s", "step_tokens_per_s", "response_len", "peak_gpu_gib")
-    print(f"{'arm':8s}" + "".join(f"{c:>19s}" for c in cols))
+    print(f"{'arm':12s}" + "".join(f"{c:>19s}" for c in cols))
     for arm, r in results.items():
-        print(f"{arm:8s}" + "".join(f"{(r[c] if r[c] is not None else float('nan')):19.2f}" for c in cols))
+        print(f"{arm:12s}" + "".join(f"{(r[c] if r[c] is not None else float('nan')):19.2f}" for c in cols))
     ratios = {}
-    if "trlvr" in results and "grpo" in results:
-        t, g = results["trlvr"], results["grpo"]
-        ratios = {"step_time_trlvr_over_grpo": t["step_s"] / g["step_s"],
-                  "gen_tokens_per_s_trlvr_over_grpo": t["gen_tokens_per_s"] / g["gen_tokens_per_s"],
-                  "time_per_token_trlvr_over_grpo": t["s_per_1k_tokens"] / g["s_per_1k_tokens"]}
-        for k, v in ratios.items():
-            print(f"{k}: {v:.2f}")
+    for sfx in ("", "/hf", "/vllm"):
+        t, g = results.get("trlvr" + sfx), results.get("grpo" + sfx)
+        if t and g:
+            ratios.update({f"step_time_trlvr_over_grpo{sfx}": t["step_s"] / g["step_s"],
+                           f"gen_tokens_per_s_trlvr_over_grpo{sfx}": t["gen_tokens_per_s"] / g["gen_tokens_per_s"],
+                           f"time_per_token_trlvr_over_grpo{sfx}": t["s_per_1k_tokens"] / g["s_per_1k_tokens"]})
+    for arm in ARMS:
+        v, h = results.get(f"{arm}/vllm"), results.get(f"{arm}/hf")
+        if v and h:
+            ratios[f"gen_tokens_per_s_vllm_over_hf/{arm}"] = v["gen_tokens_per_s"] / h["gen_tokens_per_s"]
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}")
     return {"env": env, "arms": results, "ratios": ratios}
 
 
@@ -205,6 +248,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.cpu_smoke:
         model = str(build_tiny_qwen3(out / "tiny-qwen3"))
+    elif args.random_4b:
+        model = str(build_random_4b(out / "random-qwen3-4b"))
     else:
         model = args.model
         if not Path(model).expanduser().is_dir():
@@ -218,10 +263,13 @@ def main(argv=None) -> int:
     if env["gpu_gib"] is not None and env["gpu_gib"] < 75:
         print(f"gpu_check: warning: {env['gpu_gib']} GiB on the GPU; this check is sized for >= 80 GB", file=sys.stderr)
     results = {}
-    for arm in [a.strip() for a in args.arms.split(",") if a.strip()]:
-        print(f"-- {arm}: {args.steps} steps of {args.prompts} prompts x {args.group_size} rollouts, "
-              f"{args.max_new_tokens} new tokens", flush=True)
-        results[arm] = run_arm(args, arm, model, out)
+    names = engines(args)
+    for engine in names:
+        for arm in [a.strip() for a in args.arms.split(",") if a.strip()]:
+            print(f"-- {arm} on {engine}: {args.steps} steps of {args.prompts} prompts x {args.group_size} rollouts, "
+                  f"{args.max_new_tokens} new tokens", flush=True)
+            key = arm if names == ["hf"] else f"{arm}/{engine}"
+            results[key] = run_arm(args, arm, model, out, engine)
     summary = report(results, env)
     (out / "gpu_check.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out / 'gpu_check.json'}")

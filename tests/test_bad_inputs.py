@@ -328,7 +328,7 @@ def test_no_eos_truncates_at_the_budget_and_reports_unfinished(tmp_path, tokeniz
     row = _one_step(tmp_path, tokenizer, eos_bias=-1e4)  # EOS never sampled
     assert row["rollout/response_len"] == 6.0  # every response cut at rollout.max_new_tokens
     assert row["rollout/finished_frac"] == 0.0  # < 1: reported as unfinished
-    assert row["reward/n"] == 4 and 0.0 <= row["reward/mean"] <= 1.0
+    assert row["reward/n"] == 4 and row["reward/no_box"] == 4 and row["reward/mean"] == 0.0  # 6 random tokens: no box
 
 
 def test_non_finite_user_reward_is_a_clear_error(tmp_path, tokenizer):

@@ -365,24 +365,58 @@ def test_validate_solo_only(tokenizer, tmp_path):
 
     cfg = Config()
     cfg.val.data, cfg.val.n, cfg.val.limit, cfg.val.max_new_tokens = str(_write_bench(tmp_path / "v.jsonl", 5)), 2, 3, 6
-    cfg.data.reward, cfg.train.seed = "boxed_exact", 3
+    cfg.train.seed = 3
     senior = make_tiny_model(len(tokenizer), seed=0).train()
-    out = validate(senior, tokenizer, cfg, step=10)
+    out = validate(senior, tokenizer, cfg, step=10, reward_fn=parity_reward)
     assert set(out) >= {"val/pass@1", "val/pass@2", "val/pass@1_se", "val/len", "val/n_problems"}
     assert "val/pass@4" not in out and out["val/n_problems"] == 3 and out["val/len"] <= 6
+    assert 0 < out["val/pass@1"] < 1 and out["val/pass@1"] <= out["val/pass@2"], "the reward must give signal"
     assert senior.training  # mode restored
-    assert validate(senior, tokenizer, cfg, step=20) == out  # same seed at every step
+    assert validate(senior, tokenizer, cfg, step=20, reward_fn=parity_reward) == out  # same seed at every step
+    cfg.train.seed = 4
+    assert validate(senior, tokenizer, cfg, step=10, reward_fn=parity_reward) != out  # the check has power
 
 
-def test_cli_eval_writes_all_outputs(model_dirs, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def world_models():
+    """The shipped warm-started world models (senior, junior): they solve a good share of world problems."""
+    from tandem_rlvr.world.build import prebuilt_world
+
+    root = prebuilt_world()
+    assert root is not None, "the shipped world (src/tandem_rlvr/world/prebuilt) is missing or does not verify"
+    return root / "senior", root / "junior"
+
+
+def _world_bench(path: Path, start: int, k: int) -> tuple[Path, dict]:
+    """World test problems ``start .. start + k`` as a local benchmark file; returns it and {uid: gold}."""
+    from tandem_rlvr.data import load_examples
+
+    ex = load_examples("world/test")[start:start + k]
+    path.write_text("".join(json.dumps({"problem": e.problem, "answer": e.answer, "uid": e.id}) + "\n" for e in ex))
+    return path, {e.id: e.answer for e in ex}
+
+
+def _chain_means(rows: list[dict]) -> dict:
+    """Mean reward per mode over chain rows: pass@1 recomputed from the written chains."""
+    modes: dict = {}
+    for r in rows:
+        modes.setdefault(r["mode"], []).append(r["reward"])
+    return {m: sum(v) / len(v) for m, v in modes.items()}
+
+
+def test_cli_eval_writes_all_outputs(world_models, tmp_path, capsys):
+    """World senior (and the junior as a self-paired senior) on world problems: non-zero accuracies, so the
+    tax's value and sign, the curve, the chains' rewards and the rerun equality are checked on real numbers."""
     from tandem_rlvr.cli import main
+    from tandem_rlvr.rewards import math_reward
 
-    s_dir, j_dir = model_dirs
-    b1, b2 = _write_bench(tmp_path / "arith.jsonl", 3), _write_bench(tmp_path / "small.jsonl", 2)
+    s_dir, j_dir = world_models
+    (b1, gold1), (b2, _) = _world_bench(tmp_path / "arith.jsonl", 0, 4), _world_bench(tmp_path / "small.jsonl", 4, 2)
     out = tmp_path / "out"
     argv = ["eval", "--senior", f"base={s_dir}", "--senior", f"other={j_dir}", "--junior", str(j_dir),
-            "--benchmark", str(b1), "--benchmark", str(b2), "--out", str(out), "--n", "2", "--max-new-tokens", "10",
-            "--batch-size", "4", "--reward", "boxed_exact", "--curve-ps", "1.0,0.5", "--no-progress", "--limit", "3"]
+            "--benchmark", str(b1), "--benchmark", str(b2), "--out", str(out), "--n", "2", "--max-new-tokens", "112",
+            "--batch-size", "8", "--reward", "math", "--reward-workers", "1", "--curve-ps", "1.0,0.5", "--no-progress",
+            "--limit", "4", "--id-key", "uid"]
     assert main(argv) == 0
     obj = json.loads((out / "eval.json").read_text())
     assert set(obj["seniors"]) == {"base", "other"}
@@ -394,21 +428,35 @@ def test_cli_eval_writes_all_outputs(model_dirs, tmp_path, capsys):
                         "n_problems", "n_samples", "junior_ce_by_decile"):
                 assert key in m, key
             assert set(m["curve"]) == {"1.0", "0.5"} and "solo_pass@4" not in m
-        assert res["per_benchmark"]["arith"]["n_problems"] == 3 and res["macro"]["n_problems"] == 5
-    # the junior paired with itself: no drift at all
+            # the tax is solo minus handoff, in points (positive: the handoff costs accuracy)
+            assert m["communication_tax"] == pytest.approx(100 * (m["solo_pass@1"] - m["handoff_pass@1"]), abs=1e-9)
+            assert m["curve"]["1.0"] == m["solo_pass@1"]  # word tandem at p = 1 is the solo run
+        assert res["per_benchmark"]["arith"]["n_problems"] == 4 and res["macro"]["n_problems"] == 6
+    base, other = obj["seniors"]["base"]["per_benchmark"]["arith"], obj["seniors"]["other"]["per_benchmark"]["arith"]
+    assert 0 < base["solo_pass@1"] < 1 and 0 < base["handoff_pass@1"] < 1, "the world models must score"
+    assert base["communication_tax"] > 0, "the stronger senior handing off to the weaker junior loses accuracy here"
+    assert base["curve"]["0.5"] not in (0.0, 1.0)
+    assert base["kl_senior_junior_exact"] > 0.1 and base["junior_ce"] > other["junior_ce"]
+    # the junior paired with itself: every handoff chain is its solo chain, no tax, no drift
+    assert 0 < other["solo_pass@1"] and other["communication_tax"] == 0.0
     assert abs(obj["seniors"]["other"]["macro"]["kl_senior_junior_exact"]) < 1e-6
     assert obj["settings"]["temperature"] == 0.7 and obj["settings"]["top_k"] == 20 and obj["settings"]["top_p"] == 0.8
     md = (out / "eval.md").read_text()
     assert "| senior |" in md and "tax (pts)" in md and "p=0.5" in md and "handoff_curve.png" in md
     assert (out / "handoff_curve.png").stat().st_size > 1000 and (out / "junior_ce_deciles.png").stat().st_size > 1000
     rows = [json.loads(line) for line in (out / "chains" / "base" / "arith.jsonl").read_text().splitlines()]
-    assert len(rows) == 3 * 2 * 3  # problems x samples x (solo, handoff, curve-p0.5)
+    assert len(rows) == 4 * 2 * 3  # problems x samples x (solo, handoff, curve-p0.5)
     assert {r["mode"] for r in rows} == {"solo", "handoff", "curve-p0.5"}
     for r in rows:
         assert {"senior", "benchmark", "problem_id", "mode", "text", "turns", "reward"} <= set(r)
         assert r["senior"] == "base" and r["benchmark"] == "arith"
+        assert r["reward"] == math_reward(r["text"], gold1[r["problem_id"]])  # graded against the right gold
         if r["mode"] != "curve-p0.5":  # word-level tandem draws the first author by a coin
             assert r["turns"][0]["owner"] == "senior"
+    # the reported numbers are the chains' rewards
+    means = _chain_means(rows)
+    assert means["solo"] == pytest.approx(base["solo_pass@1"]) and means["handoff"] == pytest.approx(base["handoff_pass@1"])
+    assert means["curve-p0.5"] == pytest.approx(base["curve"]["0.5"])
     assert not list(out.rglob("*.tmp"))
     assert "tax (pts)" in capsys.readouterr().out
     page = (out / "eval.html").read_text()  # self-contained: the tables, the plots inline, every chain
@@ -423,29 +471,32 @@ def test_cli_eval_writes_all_outputs(model_dirs, tmp_path, capsys):
     assert main(argv) == 0
     assert json.loads((out / "eval.json").read_text())["seniors"] == before
     assert (out / "chains" / "base" / "arith.jsonl").stat().st_mtime_ns == chains_mtime  # not recomputed
-    # --overwrite recomputes, and a seeded rerun gives the same numbers
+    # --overwrite recomputes, and a seeded rerun gives the same (non-zero) numbers
     assert main(argv + ["--overwrite"]) == 0
     assert (out / "chains" / "base" / "arith.jsonl").stat().st_mtime_ns != chains_mtime
     again = json.loads((out / "eval.json").read_text())["seniors"]
     strip = lambda r: {b: {k: v for k, v in m.items() if k not in ("time_s", "reward_stats")} for b, m in r["per_benchmark"].items()}
     assert all(strip(again[s]) == strip(before[s]) for s in before)
+    assert again["base"]["per_benchmark"]["arith"]["communication_tax"] == base["communication_tax"] != 0
 
 
-def test_cli_eval_from_config_file(model_dirs, tmp_path):
+def test_cli_eval_from_config_file(world_models, tmp_path):
     from tandem_rlvr.cli import main
 
-    s_dir, j_dir = model_dirs
-    bench = _write_bench(tmp_path / "arith.jsonl", 2)
+    s_dir, j_dir = world_models
+    bench, gold = _world_bench(tmp_path / "arith.jsonl", 0, 3)
     cfg = tmp_path / "eval.yaml"
-    cfg.write_text(f"senior: {s_dir}\njunior: {j_dir}\nbenchmark: [{bench}]\nn: 2\nmax_new_tokens: 8\n"
-                   f"reward: boxed_exact\nno_curve: true\nprogress: false\nid_key: uid\nout: {tmp_path / 'cfg_out'}\n")
+    cfg.write_text(f"senior: {s_dir}\njunior: {j_dir}\nbenchmark: [{bench}]\nn: 2\nmax_new_tokens: 112\n"
+                   f"reward: math\nreward_workers: 1\nno_curve: true\nprogress: false\nid_key: uid\n"
+                   f"out: {tmp_path / 'cfg_out'}\n")
     assert main(["eval", "--config", str(cfg), "--n", "1"]) == 0  # the flag wins over the file
     obj = json.loads((tmp_path / "cfg_out" / "eval.json").read_text())
     m = obj["per_benchmark"]["arith"]
     assert obj["senior"] == Path(s_dir).name and m["n_samples"] == 1 and "curve" not in m
-    assert obj["macro"]["solo_pass@1"] == m["solo_pass@1"]
     rows = [json.loads(line) for line in (tmp_path / "cfg_out" / "chains").rglob("*.jsonl").__next__().read_text().splitlines()]
-    assert sorted(r["problem_id"] for r in rows if r["mode"] == "solo") == ["q0", "q1"]
+    assert sorted(r["problem_id"] for r in rows if r["mode"] == "solo") == sorted(gold)
+    assert 0 < m["solo_pass@1"] == pytest.approx(_chain_means(rows)["solo"])
+    assert obj["macro"]["solo_pass@1"] == m["solo_pass@1"]
     cfg.write_text(cfg.read_text() + "bogus_key: 1\n")
     assert main(["eval", "--config", str(cfg)]) == 2
 

@@ -122,9 +122,12 @@ def test_turn_logic_matches_the_lockstep_engine(tok, pair, batch, name, kw, max_
 
 
 @pytest.mark.parametrize("name", ["word", "bernoulli", "chunk"])
-def test_token_level_schedules_stay_in_process(tok, name):
-    with pytest.raises(ValueError, match="in-process"):
-        check_vllm_schedule(make_schedule(name, tok))
+def test_token_level_schedules_are_served(tok, name):
+    """Served by the turn driver (``tests/test_vllm_turns.py``); an unknown schedule is refused by name."""
+    check_vllm_schedule(make_schedule(name, tok))
+    bogus = SimpleNamespace(name="sentence", table=None)
+    with pytest.raises(ValueError, match="'sentence' is not served by the vLLM backend"):
+        check_vllm_schedule(bogus)
 
 
 def test_lora_weights_are_merged_under_base_names(tok):

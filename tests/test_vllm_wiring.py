@@ -136,8 +136,8 @@ def test_weights_reach_the_senior_engine_after_every_update_and_on_resume(tmp_pa
 
 @pytest.mark.parametrize("extra,match", [
     (["rollout.engine=sglang"], "must be hf or vllm"),
-    (["algo.arm=trlvr", "handoff.schedule=word"], "in-process engine"),
-    (["algo.arm=trlvr", "handoff.schedule=bernoulli"], "in-process engine"),
+    (["algo.arm=trlvr", "handoff.schedule=word", "rollout.vllm_timeout_s=0"], "vllm_timeout_s"),
+    (["algo.arm=trlvr", "handoff.schedule=bernoulli", "rollout.vllm_in_flight=-1"], "vllm_in_flight"),
     (["algo.arm=trlvr", "handoff.schedule=step", "model.bridge=true"], "text bridge"),
     (["algo.arm=grpo", "rollout.vllm_memory=0"], "vllm_memory"),
 ])

@@ -78,8 +78,10 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     batch_size: int = _f(0, "Rollouts per engine call (0 = all of this process's rollouts of the step at once). A multiple of group_size.")
-    engine: str = _f("hf", "Rollout engine: hf (in-process lockstep engine, every schedule) or vllm (vLLM engines, schedules none/step/alternate; needs tandem-rlvr[vllm]).")
+    engine: str = _f("hf", "Rollout engine: hf (in-process lockstep engine) or vllm (vLLM engines, needs tandem-rlvr[vllm]); both serve every handoff schedule.")
     vllm_memory: float = _f(0.3, "Share of the accelerator's memory each vLLM engine may take (senior and junior engines share the device with training).")
+    vllm_timeout_s: float = _f(600.0, "Stop the run (the last checkpoint is kept) when a vLLM engine step does not answer within this many seconds.")
+    vllm_in_flight: int = _f(0, "Most vLLM requests in flight at once for word/bernoulli/chunk turns (0 = every rollout of the engine call).")
 
 
 @dataclass
@@ -241,6 +243,7 @@ def validate(cfg: Config) -> None:
     """Cross-field checks; raises :class:`ConfigError` naming the key."""
     from tandem_rlvr.fsdp import MODES as FSDP_MODES
     from tandem_rlvr.handoff import SCHEDULES
+    from tandem_rlvr.vllm_backend import VLLM_SCHEDULES as VLLM_SERVES
 
     a, h, t, r = cfg.algo, cfg.handoff, cfg.train, cfg.rollout
     checks = [
@@ -269,9 +272,10 @@ def validate(cfg: Config) -> None:
         (0 < r.top_p <= 1 and r.top_k >= 0, "rollout.top_p", "top_p must be in (0, 1] and top_k >= 0"),
         (r.batch_size == 0 or r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),
         (r.engine in ("hf", "vllm"), "rollout.engine", f"must be hf or vllm, got {r.engine!r}"),
-        (r.engine != "vllm" or a.arm != "trlvr" or h.schedule in ("step", "alternate"), "rollout.engine",
-         f"vllm serves handoff schedules none, step and alternate only; {h.schedule!r} handoffs stay on the "
-         "in-process engine (rollout.engine=hf): a handoff every few tokens would make each one an engine round-trip"),
+        (r.engine != "vllm" or a.arm != "trlvr" or h.schedule in VLLM_SERVES, "rollout.engine",
+         f"vllm does not serve handoff.schedule={h.schedule!r} (it serves {', '.join(VLLM_SERVES)}); use rollout.engine=hf"),
+        (r.vllm_timeout_s > 0, "rollout.vllm_timeout_s", f"must be > 0, got {r.vllm_timeout_s}"),
+        (r.vllm_in_flight >= 0, "rollout.vllm_in_flight", f"must be >= 0, got {r.vllm_in_flight}"),
         (r.engine != "vllm" or not cfg.model.bridge, "rollout.engine", "vllm does not run the text bridge (model.bridge); use rollout.engine=hf"),
         (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),

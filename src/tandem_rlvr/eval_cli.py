@@ -31,7 +31,7 @@ DEFAULTS = {
     "dtype": "auto", "device": "auto", "reward_timeout_s": 2.0, "reward_workers": 2, "chunk_tokens": 1024,
     "score_batch": 8, "progress": True, "overwrite": False, "engine": "hf", "vllm_memory": 0.3,
 }
-LIST_KEYS = ("senior", "benchmark")
+LIST_KEYS = ("senior", "junior", "benchmark")
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
@@ -40,7 +40,8 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     a("--config", default=None, help="YAML file with any of the keys below (flags win)")
     a("--senior", action="append", default=None, metavar="[NAME=]PATH_OR_HUB",
       help="senior model; repeat to compare several (e.g. --senior base=Qwen/... --senior grpo=runs/grpo/final)")
-    a("--junior", default=None, help="frozen junior model (path or hub name)")
+    a("--junior", action="append", default=None, metavar="[NAME=]PATH_OR_HUB",
+      help="frozen junior model (path or hub name), any tokenizer; repeat for a seniors x juniors matrix")
     a("--benchmark", action="append", default=None, metavar="NAME_OR_FILE",
       help="benchmark name (e.g. math500) or local JSONL/JSON/CSV/parquet file; repeatable")
     a("--out", default=None, help="output directory (default eval_out)")
@@ -111,6 +112,7 @@ class EvalOptions:
     overwrite: bool = False
     engine: str = "hf"
     vllm_memory: float = 0.3
+    juniors: dict[str, str] = field(default_factory=dict)  # name -> path; ``junior`` is the first path
 
 
 def _read_config(path: str | None) -> dict:
@@ -174,7 +176,9 @@ def resolve_options(args: argparse.Namespace) -> EvalOptions:
     ps = merged.pop("curve_ps")
     ps = [float(x) for x in (ps.split(",") if isinstance(ps, str) else ps)] if merged.pop("curve") else []
     bench = merged.pop("benchmark")
-    opts = EvalOptions(seniors=_senior_map(merged.pop("senior")), benchmarks=[bench] if isinstance(bench, str) else list(bench),
+    juniors = _senior_map(merged["junior"])
+    merged["junior"] = next(iter(juniors.values()))
+    opts = EvalOptions(juniors=juniors, seniors=_senior_map(merged.pop("senior")), benchmarks=[bench] if isinstance(bench, str) else list(bench),
                        curve_ps=ps, **merged)
     checks = [(opts.n >= 1, "n must be >= 1"), (opts.batch_size >= 1, "batch_size must be >= 1"),
               (opts.max_new_tokens >= 1, "max_new_tokens must be >= 1"), (opts.temperature >= 0, "temperature must be >= 0"),
@@ -238,11 +242,13 @@ def _stamp(path: str) -> list:
     return [path]
 
 
-def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples) -> str:
+def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples, junior_path: str | None = None) -> str:
     keys = ("n", "max_new_tokens", "seed", "batch_size", "reward", "curve_ps", "temperature", "top_p", "top_k",
             "max_rounds", "context", "dtype", "device", "engine")
     blob = {k: getattr(opts, k) for k in keys}
-    blob.update(senior=[senior_path, _stamp(senior_path)], junior=[opts.junior, _stamp(opts.junior)], source=source,
+    junior_path = junior_path or opts.junior
+    blob.update(senior=[senior_path, _stamp(senior_path)], junior=[junior_path, _stamp(junior_path)], source=source,
+                audit=2,  # 2: bits-per-byte legibility and cross-tokenizer pairs
                 data=hashlib.sha256(json.dumps([[str(e.id), e.problem, str(e.answer)] for e in examples]).encode()).hexdigest())
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -305,20 +311,19 @@ def _engine(opts: EvalOptions, path: str, dtype: str, junior_llm, tok, senior):
 
 
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
-                 junior_llm=None) -> dict:
-    from tandem_rlvr.evaluate import evaluate_pair
+                 junior_llm=None, junior_name: str = "junior", junior_path: str | None = None, label: str | None = None) -> dict:
+    from tandem_rlvr.crosstok import evaluate_any_pair, same_vocabulary, template_kind
     from tandem_rlvr.io import atomic_write_json
     from tandem_rlvr.metrics import macro_average
-    from tandem_rlvr.models import check_tokenizers, freeze, load_causal_lm, load_tokenizer
+    from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
 
     out, device, dtype = Path(opts.out), *_device_dtype(opts)
     tok = load_tokenizer(path, trust_remote_code=opts.trust_remote_code, role=f"senior {name!r}")
-    check_tokenizers(tok, junior_tok, path, opts.junior)
-    senior, engine, per = None, None, {}
+    senior, engine, per, label = None, None, {}, label or name
     for bname, (src, examples) in benches.items():
-        fp = _fingerprint(opts, path, src, examples)
-        part = out / "parts" / f"{slug(name)}__{slug(bname)}.json"
-        chains = out / "chains" / slug(name) / f"{slug(bname)}.jsonl"
+        fp = _fingerprint(opts, path, src, examples, junior_path)
+        part = out / "parts" / f"{slug(label)}__{slug(bname)}.json"
+        chains = out / "chains" / slug(label) / f"{slug(bname)}.jsonl"
         if not opts.overwrite and part.is_file() and chains.is_file():
             saved = json.loads(part.read_text(encoding="utf-8"))
             if saved.get("fingerprint") == fp:
@@ -328,18 +333,25 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
         if senior is None:
             senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
                                            role=f"senior {name!r}")).to(device)
-            engine = _engine(opts, path, dtype, junior_llm, tok, senior)
+            if same_vocabulary(senior, junior, tok, junior_tok):
+                engine = _engine(opts, path, dtype, junior_llm, tok, senior)
+            elif opts.engine == "vllm":
+                from tandem_rlvr.config import ConfigError
+
+                raise ConfigError(f"eval: --engine vllm needs a senior and junior with one vocabulary; senior {name!r} "
+                                  f"and junior {junior_name!r} differ (use --engine hf: the text bridge)")
         t0 = time.perf_counter()
         with AtomicJsonl(chains) as sink:
-            metrics, _ = evaluate_pair(senior, junior, tok, examples, scorer=scorer, sink=sink.write,
-                                       labels={"senior": name, "benchmark": bname}, engine=engine,
-                                       **_pair_kwargs(opts))
+            metrics, _ = evaluate_any_pair(senior, junior, tok, junior_tok, examples, scorer=scorer, sink=sink.write,
+                                           labels={"senior": name, "junior": junior_name, "benchmark": bname},
+                                           engine=engine, **_pair_kwargs(opts))
         metrics["time_s"] = time.perf_counter() - t0
         atomic_write_json(part, {"fingerprint": fp, "metrics": metrics})
         per[bname] = metrics
     del senior, engine
     gc.collect()
-    return {"per_benchmark": per, "macro": macro_average(per)}
+    return {"per_benchmark": per, "macro": macro_average(per), "junior": junior_name,
+            "templates": {"senior": template_kind(tok), "junior": template_kind(junior_tok)}}
 
 
 def _settings(opts: EvalOptions, benches: dict) -> dict:
@@ -360,27 +372,41 @@ def run_eval(opts: EvalOptions) -> dict:
     from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
     from tandem_rlvr.report import write_eval_report
     from tandem_rlvr.evaluate import open_scorer
+    from tandem_rlvr.matrix import write_matrix_report
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = _device_dtype(opts)
     benches = _load_benchmarks(opts)
-    junior_tok = load_tokenizer(opts.junior, trust_remote_code=opts.trust_remote_code, role="junior")
-    junior = freeze(load_causal_lm(opts.junior, dtype=dtype, trust_remote_code=opts.trust_remote_code, role="junior")).to(device)
-    junior_llm = _vllm_llm(opts, opts.junior, dtype) if opts.engine == "vllm" else None
+    juniors = opts.juniors or {Path(opts.junior.rstrip("/")).name or opts.junior: opts.junior}
     t0 = time.perf_counter()
-    results = {}
+    results, pairs = {}, {}
     with open_scorer(opts.reward, opts.reward_timeout_s, opts.reward_workers) as scorer:
-        for name, path in opts.seniors.items():
-            results[name] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, junior_llm)
+        for jname, jpath in juniors.items():
+            trc, role = opts.trust_remote_code, f"junior {jname!r}" if len(juniors) > 1 else "junior"
+            junior_tok = load_tokenizer(jpath, trust_remote_code=trc, role=role)
+            junior = freeze(load_causal_lm(jpath, dtype=dtype, trust_remote_code=trc, role=role)).to(device)
+            junior_llm = _vllm_llm(opts, jpath, dtype) if opts.engine == "vllm" else None
+            for name, path in opts.seniors.items():
+                label = f"{name}+{jname}" if len(juniors) > 1 else name
+                results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, junior_llm,
+                                              jname, jpath, label)
+                pairs[label] = (name, jname)
+            del junior, junior_llm
+            gc.collect()
     settings = _settings(opts, benches) | {"elapsed_s": time.perf_counter() - t0}
-    if len(results) == 1:
+    matrix = _matrix(results, pairs)
+    if len(juniors) > 1:
+        obj = {"pairs": {k: {"senior": s, **results[k]} for k, (s, _) in pairs.items()}, "matrix": matrix,
+               "settings": settings}
+    elif len(results) == 1:
         (name, res), = results.items()
-        obj = {"senior": name, **res, "settings": settings}
+        obj = {"senior": name, **res, "matrix": matrix, "settings": settings}
     else:
-        obj = {"seniors": results, "settings": settings}
+        obj = {"seniors": results, "matrix": matrix, "settings": settings}
     atomic_write_json(out / "eval.json", obj)
     write_eval_report(out, results, settings)
+    write_matrix_report(out, matrix)
     _write_eval_html(out, benches)
     return obj
 
@@ -392,13 +418,23 @@ def _write_eval_html(out: Path, benches: dict) -> None:
     eval_html(out, {b: {str(e.id): e.problem for e in ex} for b, (_, ex) in benches.items()})
 
 
+def _matrix(results: dict, pairs: dict) -> dict:
+    from tandem_rlvr.matrix import pair_matrix
+
+    templates = {}
+    for label, (s, j) in pairs.items():
+        templates[f"senior {s}"] = results[label]["templates"]["senior"]
+        templates[f"junior {j}"] = results[label]["templates"]["junior"]
+    return pair_matrix(results, pairs, templates)
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """``tandem-rlvr eval``: resolve the options, run, print the headline table."""
     from tandem_rlvr.report import seniors_table
 
     opts = resolve_options(args)
     obj = run_eval(opts)
-    results = obj.get("seniors") or {obj["senior"]: obj}
+    results = obj.get("pairs") or obj.get("seniors") or {obj["senior"]: obj}
     print(seniors_table(results))
     print(f"wrote {Path(opts.out) / 'eval.json'}, eval.md, eval.html, plots and chains/ under {opts.out}")
     return 0

