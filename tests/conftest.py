@@ -15,6 +15,12 @@ import torch
 # Tiny models: one intra-op thread is faster than two and immune to a busy machine.
 torch.set_num_threads(1)
 
+
+def pytest_configure(config):
+    """TANDEM_SLOW=1 runs the slow tests too: it lifts pyproject's default ``-m 'not slow'``."""
+    if os.environ.get("TANDEM_SLOW") == "1" and config.option.markexpr == "not slow":
+        config.option.markexpr = ""
+
 CORPUS = [
     "What is 3 plus 4? Step 1: 3 + 4 = 7.\n\nSo the answer is \\boxed{7}.",
     "Tom has 12 apples and gives away 5. 12 - 5 = 7.\n\nThe answer is \\boxed{7}.",

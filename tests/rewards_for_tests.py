@@ -5,3 +5,16 @@
 def length_reward(completion: str, gold: str, **kwargs) -> float:
     """1.0 when the completion's length is a multiple of 3 (random models: about a third of the time)."""
     return float(len(completion) % 3 == 0)
+
+
+_calls = [0]
+
+
+def stall_in_step_two(completion: str, gold: str, **kwargs) -> float:
+    """length_reward for the first 16 responses (step 1 of a 4-prompt x 4-rollout run), then hangs: a stuck verifier."""
+    import time
+
+    _calls[0] += 1
+    if _calls[0] > 16:
+        time.sleep(3600)
+    return length_reward(completion, gold)

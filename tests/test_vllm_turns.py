@@ -248,7 +248,8 @@ def test_trainer_word_rollouts_come_from_the_turn_driver(tmp_path, tokenizer, ti
     stand = tuple(StepStandIn(m, tokenizer.pad_token_id) for m in tiny_models)
     tr = _trainer(_train_cfg(tmp_path, "vllm"), tokenizer, tiny_models, stand)
     got = tr.rollout(0)[0]
-    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "finished_B", "rounds_B"):
+    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "finished_B", "rounds_B", "turn_author_BT", "decisions_B",
+                 "senior_decisions_B"):
         assert torch.equal(getattr(ref, name).long(), getattr(got, name).long()), name
     owners = got.owner_BT[got.response_mask_BT.bool()].float()
     assert 0 < float(owners.mean()) < 1 and stand[1].added > 0, "the word schedule must hand off here"

@@ -214,12 +214,13 @@ class _Chains:
     finished: list[bool]
     last_author: list[bool]
     turn_ends: list[int]
+    played: list[list[bool]] = field(default_factory=list)  # the author of each turn played, per row
 
     @classmethod
     def start(cls, n: int, author: list[bool], budget: int) -> _Chains:
         """``n`` empty chains with their first authors and the whole budget each."""
         return cls([""] * n, [[] for _ in range(n)], list(author), [1] * n, [budget] * n,
-                   [False] * n, [False] * n, list(author), [0] * n)
+                   [False] * n, [False] * n, list(author), [0] * n, [[] for _ in range(n)])
 
     def add_text(self, b: int, text: str, owner: int) -> None:
         """Append ``text`` to row ``b``, extending its last span when the owner is unchanged."""
@@ -295,6 +296,7 @@ def _run_turns(senior: Side, junior: Side, prompt_ids: dict, ch: _Chains, schedu
             seqs = [prompt_ids[is_senior][b] + h for b, h in zip(rows, history)]
             turns = decode_turn(side, seqs, [ch.remaining[b] for b in rows], sampling, gen)
             for b, turn in zip(rows, turns):
+                ch.played[b].append(is_senior)
                 ch.add_text(b, _turn_text(side, turn), int(is_senior))
                 _after_turn(ch, b, turn, schedule, coins, max_rounds)
 
@@ -344,8 +346,16 @@ def _to_rollout(senior: Side, ch: _Chains, prompt_ids: list[list[int]], schedule
         prompt_ids_BP=p_ids.to(dev), prompt_mask_BP=p_mask.to(dev), response_ids_BT=ids_BT.to(dev),
         response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T),
         junior_logps_BT=None, rounds_B=torch.tensor(ch.rounds, dtype=torch.long),
-        finished_B=torch.tensor(ch.finished), schedule=schedule,
+        finished_B=torch.tensor(ch.finished), schedule=schedule, **_turn_record(ch),
     )
+
+
+def _turn_record(ch: _Chains) -> dict:
+    """Each row's turns for the ownership check: how many authors were chosen, how many were the senior
+    (under ``step`` each is a coin's outcome). The bridge has no token-level record (turns are text,
+    re-encoded at the end), so the trainer checks its mask per row (:mod:`tandem_rlvr.ownership`)."""
+    return {"decisions_B": torch.tensor([len(t) for t in ch.played], dtype=torch.long),
+            "senior_decisions_B": torch.tensor([sum(t) for t in ch.played], dtype=torch.long)}
 
 
 @torch.inference_mode()

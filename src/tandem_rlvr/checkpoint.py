@@ -4,6 +4,7 @@ A checkpoint ``checkpoints/step-N/`` holds the senior in Hugging Face format (sa
 optimiser and scheduler states, every RNG state (python, numpy, torch) and ``trainer_state.json``
 (step, data position, counters). Only directories whose name is ``step-N`` and which contain the
 ``COMPLETE`` marker are ever loaded; half-written ``.tmp-*`` directories are ignored and cleaned.
+``checksums.json`` (see :mod:`tandem_rlvr.integrity`) lets a resume detect a damaged file.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tandem_rlvr import integrity
 from tandem_rlvr.io import atomic_write_json, publish_dir
 
 MARKER = "COMPLETE"
@@ -85,29 +87,57 @@ def _save_weights_inner(model, path: Path, state_dict: dict | None) -> None:
 def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimizer, scheduler,
                     trainer_state: dict, keep_last: int = 3, model_state: dict | None = None,
                     optim_state: dict | None = None) -> Path:
-    """Write ``checkpoints/step-{step}`` atomically and prune all but the newest ``keep_last``.
+    """Write ``checkpoints/step-{step}`` atomically (with checksums) and prune all but the newest ``keep_last``.
 
     ``model_state`` / ``optim_state``: full states to write instead of the model's and optimizer's
-    own (those of a sharded senior, gathered by :mod:`tandem_rlvr.fsdp`)."""
+    own (those of a sharded senior, gathered by :mod:`tandem_rlvr.fsdp`). A full disk raises
+    :class:`~tandem_rlvr.errors.DiskFull` after removing the half-written directory."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step-{step}"
     tmp = ckpt_root / f".tmp-step-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    _save_weights(model, tmp, model_state)
-    if hasattr(model, "peft_config"):
-        torch.save({k: v for k, v in model.state_dict().items() if "lora_" in k}, tmp / "lora_state.pt")
-    tokenizer.save_pretrained(str(tmp))
-    plain_rng, tensor_rng = rng_state()
-    optim = optim_state if optim_state is not None else optimizer.state_dict()
-    torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": tensor_rng},
-               tmp / "train_state.pt")
-    atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state, "rng": plain_rng})
-    (tmp / MARKER).write_text("ok\n")
+    try:
+        tmp.mkdir()
+        _save_weights(model, tmp, model_state)
+        if hasattr(model, "peft_config"):
+            torch.save({k: v for k, v in model.state_dict().items() if "lora_" in k}, tmp / "lora_state.pt")
+        tokenizer.save_pretrained(str(tmp))
+        plain_rng, tensor_rng = rng_state()
+        optim = optim_state if optim_state is not None else optimizer.state_dict()
+        torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": tensor_rng},
+                   tmp / "train_state.pt")
+        atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state, "rng": plain_rng})
+        integrity.write_checksums(tmp)
+        (tmp / MARKER).write_text("ok\n")
+    except Exception as e:
+        written = integrity.dir_bytes(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not integrity.is_disk_full(e, ckpt_root):
+            raise
+        prev = latest_checkpoint(run_dir)
+        needed = integrity.dir_bytes(prev) if prev else _tensor_bytes(model_state or model.state_dict(),
+                                                                       optim_state or optimizer.state_dict())
+        needed = max(needed, written)
+        kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
+        raise integrity.disk_full(e, tmp, needed, f"checkpoint step-{step}", kept + ", nothing half-written was left") from e
     publish_dir(tmp, final)
     _prune(ckpt_root, keep_last)
     return final
+
+
+def _tensor_bytes(*states) -> int:
+    """Bytes of the tensors in nested state dicts (what a first checkpoint will need, roughly)."""
+    total, todo = 0, list(states)
+    while todo:
+        x = todo.pop()
+        if torch.is_tensor(x):
+            total += x.numel() * x.element_size()
+        elif isinstance(x, dict):
+            todo.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            todo.extend(x)
+    return total
 
 
 def _prune(ckpt_root: Path, keep_last: int) -> None:

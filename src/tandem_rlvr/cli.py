@@ -81,16 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse already printed usage and the error (or --help)
         return e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tandem_rlvr.errors import user_errors
+    from tandem_rlvr.errors import Preempted, user_errors
 
     try:
         return int(args.func(args) or 0)
+    except Preempted as e:
+        print(f"tandem-rlvr {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except user_errors() as e:
         if os.environ.get("TANDEM_DEBUG"):
             raise
         msg = " ".join(str(e).split()) or type(e).__name__  # one line, whatever the message
         print(f"tandem-rlvr {args.command}: error: {msg}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
         return 130

@@ -171,7 +171,10 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     evaluations already in ``out_dir/results.json`` (same plan, world and junior) are kept, the rest
     is trained and evaluated (``restart``: all)."""
     from tandem_rlvr.demo_report import write_report
+    from tandem_rlvr.preflight import check_demo
     from tandem_rlvr.world.build import build_world
+
+    check_demo(out_dir, junior=junior, seeds=seeds, workers=workers)  # before the world build and any training
 
     plan = plan or (QUICK if quick else FULL)
     if seeds is not None:

@@ -8,7 +8,7 @@ import torch
 
 # reward-scorer statistics that are counts (summed over processes); other metrics are averaged
 COUNT_SUFFIXES = ("/n", "/timeouts", "/no_box", "/errors", "/too_long", "/truncated", "/worker_restarts",
-                  "/correct", "/seconds")
+                  "/correct")
 
 
 UNSUPPORTED = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")  # every DDP-style type (NO, MULTI_*) is supported
@@ -33,6 +33,8 @@ def check_supported(distributed_type) -> None:
 
 def reduce_scalar(acc, value: float, op: str) -> float:
     """``sum`` / ``max`` / ``mean`` of a Python scalar over processes."""
+    if op not in ("sum", "max", "mean"):
+        raise ValueError(f"reduce_scalar: op must be sum, max or mean, got {op!r}")
     if acc.num_processes == 1:
         return float(value)
     t = torch.tensor([float(value)], device=acc.device)

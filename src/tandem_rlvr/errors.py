@@ -3,8 +3,34 @@
 from __future__ import annotations
 
 
+# Exit codes of `tandem-rlvr train` (README, "Resuming and failures"): 0 done, 2 a problem you fix
+# (config, data, disk full), 75 a peer process vanished, 124 the watchdog stopped a hung step,
+# train.preempt_exit_code (143) preempted by a signal after writing a checkpoint.
+EXIT_USER, EXIT_PEER_LOST, EXIT_HUNG = 2, 75, 124
+
+
 class TandemError(RuntimeError):
     """A run that must stop rather than train the wrong thing (fails closed)."""
+
+    exit_code = EXIT_USER
+
+
+class DiskFull(TandemError):
+    """Writing a checkpoint or result file ran out of space; the message names the path and the space needed."""
+
+
+class PeerLost(TandemError):
+    """Another process of a multi-process run vanished or stopped answering collectives."""
+
+    exit_code = EXIT_PEER_LOST
+
+
+class Preempted(Exception):
+    """A scheduler's signal stopped the run after a checkpoint was written (not an error: requeue it)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

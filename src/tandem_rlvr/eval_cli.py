@@ -165,6 +165,9 @@ def _senior_map(value) -> dict[str, str]:
 
 def resolve_options(args: argparse.Namespace) -> EvalOptions:
     """Merge flags > ``--config`` file > defaults, and check them."""
+    import typing
+
+    from tandem_rlvr import preflight
     from tandem_rlvr.config import ConfigError
 
     merged = dict(DEFAULTS)
@@ -173,8 +176,9 @@ def resolve_options(args: argparse.Namespace) -> EvalOptions:
     for key in ("senior", "junior", "benchmark"):
         if not merged[key]:
             raise ConfigError(f"eval needs --{key} (or {key}: in the --config file)")
+    merged = preflight.typed_eval_values(merged, typing.get_type_hints(EvalOptions) | {"curve": bool})
     ps = merged.pop("curve_ps")
-    ps = [float(x) for x in (ps.split(",") if isinstance(ps, str) else ps)] if merged.pop("curve") else []
+    ps = preflight.parse_curve_ps(ps) if merged.pop("curve") else []
     bench = merged.pop("benchmark")
     juniors = _senior_map(merged["junior"])
     merged["junior"] = next(iter(juniors.values()))
@@ -371,6 +375,7 @@ def run_eval(opts: EvalOptions) -> dict:
     from tandem_rlvr.io import atomic_write_json
     from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
     from tandem_rlvr.report import write_eval_report
+    from tandem_rlvr import preflight
     from tandem_rlvr.evaluate import open_scorer
     from tandem_rlvr.matrix import write_matrix_report
 
@@ -379,6 +384,7 @@ def run_eval(opts: EvalOptions) -> dict:
     device, dtype = _device_dtype(opts)
     benches = _load_benchmarks(opts)
     juniors = opts.juniors or {Path(opts.junior.rstrip("/")).name or opts.junior: opts.junior}
+    preflight.check_eval(opts, juniors)  # every model's config and tokenizer, the output directory: before any forward pass
     t0 = time.perf_counter()
     results, pairs = {}, {}
     with open_scorer(opts.reward, opts.reward_timeout_s, opts.reward_workers) as scorer:

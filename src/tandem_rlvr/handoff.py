@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 SCHEDULES = ("none", "bernoulli", "word", "step", "alternate", "chunk")
+COIN_SCHEDULES = ("bernoulli", "word", "step", "chunk")  # authors drawn by coins with P(senior) = p
 WORD_MARKERS = ("Ġ", "▁", " ")
 
 
@@ -76,12 +77,14 @@ def token_table(tokenizer, vocab_size: int | None = None) -> TokenTable:
 
 @dataclass(frozen=True)
 class HandoffState:
-    """Per-sequence schedule state. ``author_B``: True where the senior writes the next token."""
+    """Per-sequence schedule state. ``author_B``: True where the senior writes the next token;
+    ``fresh_B``: True where that author was just decided (at the start, and at every redraw)."""
 
     author_B: torch.Tensor
     gap_B: torch.Tensor
     rounds_B: torch.Tensor
     prev_nl_B: torch.Tensor
+    fresh_B: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ class Schedule:
         else:
             author = _coin(batch_size, self.p, gen)
         zeros = torch.zeros(batch_size, dtype=torch.long)
-        return HandoffState(author, zeros, zeros + 1, torch.zeros(batch_size, dtype=torch.bool))
+        return HandoffState(author, zeros, zeros + 1, torch.zeros(batch_size, dtype=torch.bool),
+                            torch.ones(batch_size, dtype=torch.bool))
 
     def advance(self, state: HandoffState, tok_B: torch.Tensor, gen: torch.Generator) -> HandoffState:
         """State after each sequence emitted ``tok_B``: decides the author of the next token."""
@@ -118,7 +122,7 @@ class Schedule:
         gap = state.gap_B + 1
         prev_nl = state.prev_nl_B
         if self.name == "none":
-            return replace(state, gap_B=gap)
+            return replace(state, gap_B=gap, fresh_B=torch.zeros_like(state.fresh_B))
         if self.name == "bernoulli":
             redraw = torch.ones_like(state.author_B)
         elif self.name == "chunk":
@@ -137,7 +141,7 @@ class Schedule:
             new_author = torch.where(redraw, coins, state.author_B)
         gap = torch.where(redraw, torch.zeros_like(gap), gap)
         rounds = state.rounds_B + (new_author != state.author_B).long()
-        return HandoffState(new_author, gap, rounds, prev_nl)
+        return HandoffState(new_author, gap, rounds, prev_nl, redraw)
 
     def _table(self) -> TokenTable:
         if self.table is None:
@@ -197,6 +201,7 @@ class RowCarry:
     gap: int = 0
     prev_nl: bool = False
     rounds: int = 1
+    fresh: bool = True  # the author was just decided (start, redraw): HandoffState.fresh_B
 
 
 def row_start(schedule: Schedule, coin0: bool) -> RowCarry:
@@ -227,6 +232,7 @@ def row_advance(schedule: Schedule, carry: RowCarry, tok: int, coin: Callable[[]
     """
     carry.gap += 1
     redraw = row_redraws(schedule, carry, tok)
+    carry.fresh = bool(redraw)
     if schedule.name in ("step", "alternate"):
         carry.prev_nl = bool(schedule._table().ends_nl_V[tok])
     if not redraw:

@@ -25,10 +25,19 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool 
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        written = Path(tmp).stat().st_size if Path(tmp).exists() else 0
         Path(tmp).unlink(missing_ok=True)
+        _raise_if_disk_full(e, path, written, "the previous version of the file is intact")
         raise
     return path
+
+
+def _raise_if_disk_full(e: BaseException, path: Path, written: int, kept: str) -> None:
+    from tandem_rlvr import integrity
+
+    if isinstance(e, Exception) and integrity.is_disk_full(e, path.parent):
+        raise integrity.disk_full(e, path, max(written, 1), "file", kept + ", nothing half-written was left") from e
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -65,10 +74,21 @@ def append_jsonl(path: str | Path, row: dict) -> None:
 
     Non-finite floats are written as ``null`` so the file stays strict JSON (jq, pandas)."""
     row = {k: _finite_or_none(v) for k, v in row.items()}
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row, default=_json_default) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    data = (json.dumps(row, default=_json_default) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, file_mode())
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException as e:  # cut a half-written row off again (a full disk, an interrupt)
+            os.ftruncate(fd, size)
+            _raise_if_disk_full(e, Path(path), len(data), "the rows before it are intact")
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

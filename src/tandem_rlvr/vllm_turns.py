@@ -66,6 +66,7 @@ class Row:
     carry: RowCarry
     ids: list[int] = field(default_factory=list)
     owner: list[int] = field(default_factory=list)
+    turn: list[int] = field(default_factory=list)  # the schedule's decisions (Rollout.turn_author_BT)
     done: bool = False
     eos: bool = False
     requests: int = 0
@@ -260,6 +261,7 @@ class TurnDriver:
         t = len(row.ids)
         row.ids.append(int(tok))
         row.owner.append(int(row.carry.author))
+        row.turn.append(int(row.carry.author) if row.carry.fresh else -1)
         self.stats["tokens"] += 1
         switched = row_advance(c["schedule"], row.carry, int(tok), lambda: c["coins"].draw(b, t + 1))
         if int(tok) in self.eos:

@@ -1,0 +1,125 @@
+"""Tests written to kill mutants that `make mutate` found surviving (docs/mutation.md): numbers and
+invariants of the method's functions, checked against values computed here by hand."""
+
+import math
+
+import pytest
+import torch
+
+from tandem_rlvr.evaluate import _ModeResult, _pass_metrics, _tax
+from tandem_rlvr.handoff import make_schedule, simulate
+from tandem_rlvr.metrics import mean_pass_at_k, pass_at_k, pass_at_ks
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_tax_is_signed_percentage_points_of_solo_minus_handoff():
+    solo = _ModeResult(rewards=[[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    hand = _ModeResult(rewards=[[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0]])
+    d = [0.75 - 0.25, 0.25 - 0.0, 1.0 - 0.5]
+    se = math.sqrt(sum((x - _mean(d)) ** 2 for x in d) / 2 / 3)
+    t = _tax(solo, hand)
+    assert t["communication_tax"] == pytest.approx(100 * _mean(d))  # 33.3 points
+    assert t["communication_tax_se"] == pytest.approx(100 * se)
+    back = _tax(hand, solo)  # a handoff that helps is a negative tax
+    assert back["communication_tax"] == pytest.approx(-100 * _mean(d))
+    assert back["communication_tax_se"] == pytest.approx(100 * se)
+
+
+def test_pass_metrics_of_a_mode():
+    res = _ModeResult(rewards=[[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]], n_tokens=[3, 5, 7, 9, 11, 13, 2, 4],
+                      finished=[True, False, True, True, False, True, True, True])
+    m = _pass_metrics("solo", res, (1, 2, 8))
+    assert set(m) == {"solo_pass@1", "solo_pass@2", "solo_pass@1_se", "solo_len", "solo_finished"}
+    assert m["solo_pass@1"] == pytest.approx((0.25 + 0.75) / 2)
+    assert m["solo_pass@2"] == pytest.approx((pass_at_k(4, 1, 2) + pass_at_k(4, 3, 2)) / 2)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5) and pass_at_k(4, 3, 2) == pytest.approx(1.0)
+    assert m["solo_pass@1_se"] == pytest.approx(math.sqrt(((0.25 - 0.5) ** 2 + (0.75 - 0.5) ** 2) / 1 / 2))
+    assert m["solo_len"] == pytest.approx(_mean([3, 5, 7, 9, 11, 13, 2, 4]))
+    assert m["solo_finished"] == pytest.approx(6 / 8)
+
+
+def test_pass_at_k_counts_rewards_at_the_threshold_and_single_samples():
+    assert mean_pass_at_k([[0.5, 0.0]], 1) == pytest.approx(0.5)  # reward == threshold is correct
+    assert mean_pass_at_k([[1.0], [0.0], [1.0], [0.2]], 1) == pytest.approx(0.5)  # one sample per problem
+    rewards = [[0.7, 0.2, 1.0], [0.7, 0.7, 0.0]]
+    assert pass_at_ks(rewards, (1, 2), threshold=1.0) == pytest.approx({1: (1 / 3 + 0) / 2, 2: (2 / 3 + 0) / 2})
+    assert pass_at_ks(rewards, (1,)) == pytest.approx({1: (2 / 3 + 2 / 3) / 2})
+
+
+def test_simulated_owner_is_a_long_mask():
+    owner, rounds = simulate(make_schedule("bernoulli", p=0.5), torch.zeros(3, 40, dtype=torch.long), seed=2)
+    assert owner.dtype == torch.long and set(owner.unique().tolist()) == {0, 1}
+    seen = 1 + (owner[:, 1:] != owner[:, :-1]).sum(1)  # turns visible in the stream; one more may start after it
+    assert ((rounds == seen) | (rounds == seen + 1)).all()
+
+
+@pytest.fixture(scope="module")
+def trainer_parts(tokenizer):
+    from conftest import bias_token, make_tiny_model
+
+    from tandem_rlvr.models import freeze
+
+    eos = tokenizer.eos_token_id  # an EOS bias: responses of varied lengths
+    return (bias_token(make_tiny_model(len(tokenizer), 0, 48), eos, 2.0),
+            freeze(bias_token(make_tiny_model(len(tokenizer), 1, 32), eos, 2.0)))
+
+
+def _one_step(tmp_path, tokenizer, parts, *over, spy=None):
+    import copy
+    from types import SimpleNamespace
+
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.models import Pair
+    from tandem_rlvr.trainer import Trainer
+
+    examples = [SimpleNamespace(id=str(i), problem=f"What is {i} plus 1?", answer=str(i + 1)) for i in range(4)]
+    cfg = load_config(None, ["algo.arm=trlvr", "model.senior=unused", "model.junior=unused", "train.steps=1",
+                             "train.prompts_per_step=4", "algo.group_size=4", "algo.mini_batch_prompts=4",
+                             "rollout.max_new_tokens=12", f"train.out_dir={tmp_path}", "algo.lr=1e-2",
+                             "train.save_every=0", "train.progress=false", *over])
+    tr = Trainer(cfg, pair=Pair(copy.deepcopy(parts[0]), copy.deepcopy(parts[1]), tokenizer),
+                 reward_fn=lambda c, g: float(len(c) % 3 == 0), examples=examples)
+    if spy is not None:
+        spy(tr)
+    return tr.train_step(0)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "token_mean", "grpo", "dr_grpo"])
+def test_micro_batches_do_not_change_the_update(tmp_path, tokenizer, trainer_parts, loss_type):
+    """Gradient accumulation over micro-batches of 8 rollouts equals one backward over the mini-batch of 16:
+    a token-mean (dapo) chunk already divides by the mini-batch's token count, a per-sequence one is
+    weighted by its share of rows."""
+    whole = _one_step(tmp_path / "a", tokenizer, trainer_parts, f"algo.loss_type={loss_type}")
+    split = _one_step(tmp_path / "b", tokenizer, trainer_parts, f"algo.loss_type={loss_type}",
+                               "algo.micro_batch=8")
+    assert abs(whole["train/loss"]) > 1e-4
+    assert split["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-5, abs=1e-7)
+    # the gradient's norm before clipping (Adam's first step, lr * sign(g), would amplify rounding noise)
+    assert split["train/grad_norm"] == pytest.approx(whole["train/grad_norm"], rel=1e-5)
+
+
+def test_dr_grpo_divides_by_each_mini_batch_longest_response(tmp_path, tokenizer, trainer_parts, monkeypatch):
+    """dr_grpo's max_len is the longest response of the mini-batch (over processes), not T or a token sum."""
+    from tandem_rlvr import core
+
+    seen, rollouts = [], []
+    real_loss = core.policy_loss
+
+    def loss_spy(*a, **kw):
+        seen.append(kw["max_len"])
+        return real_loss(*a, **kw)
+
+    def spy(tr):
+        real_update = tr.update
+        tr.update = lambda rollout, *a: rollouts.append(rollout) or real_update(rollout, *a)
+
+    monkeypatch.setattr(core, "policy_loss", loss_spy)
+    _one_step(tmp_path, tokenizer, trainer_parts, "algo.loss_type=dr_grpo", "algo.mini_batch_prompts=1",
+              "rollout.max_new_tokens=24", spy=spy)
+    lengths = rollouts[0].response_mask_BT.sum(-1)
+    want = [int(lengths[m:m + 4].max()) for m in range(0, 16, 4)]
+    assert seen == want
+    assert len(set(want)) > 1  # the mini-batches differ, so T or one global maximum would not pass
