@@ -413,7 +413,15 @@ def run_eval(opts: EvalOptions) -> dict:
     atomic_write_json(out / "eval.json", obj)
     write_eval_report(out, results, settings)
     write_matrix_report(out, matrix)
+    _write_eval_html(out, benches)
     return obj
+
+
+def _write_eval_html(out: Path, benches: dict) -> None:
+    """``eval.html`` beside ``eval.md``: the tables, plots and a browser over the saved chains."""
+    from tandem_rlvr.html_report import eval_html
+
+    eval_html(out, {b: {str(e.id): e.problem for e in ex} for b, (_, ex) in benches.items()})
 
 
 def _matrix(results: dict, pairs: dict) -> dict:
@@ -434,5 +442,5 @@ def run_from_args(args: argparse.Namespace) -> int:
     obj = run_eval(opts)
     results = obj.get("pairs") or obj.get("seniors") or {obj["senior"]: obj}
     print(seniors_table(results))
-    print(f"wrote {Path(opts.out) / 'eval.json'}, eval.md, plots and chains/ under {opts.out}")
+    print(f"wrote {Path(opts.out) / 'eval.json'}, eval.md, eval.html, plots and chains/ under {opts.out}")
     return 0
