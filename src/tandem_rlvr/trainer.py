@@ -125,8 +125,9 @@ class Trainer:
         self.nonfinite_run = int(state.get("nonfinite_run", 0))
         self.best = state.get("best", self.best)
         self._push_to_engine()
-        if self.acc.is_main_process:
+        if self.acc.is_main_process:  # a kill between publishing a checkpoint and pruning left extras
             rundir.truncate_metrics(self.run_dir, self.step)
+            ckpt_mod._prune(self.run_dir / "checkpoints", self.cfg.train.keep_last)
         log.info("resumed from %s at step %d", self.resume_from, self.step)
 
     # -- one step -------------------------------------------------------------------------------
