@@ -157,3 +157,70 @@ def test_turn_limits_for_turn_level_engines(table):
     assert step.max_turn_tokens() is None and step.stop_strings() == ["\n\n"]
     word = SequenceSchedule(make_schedule("word", table=table), coins, 0)
     assert set(word.boundary_ids()) == set(table.boundary_V.nonzero().flatten().tolist())
+
+
+def _batch_record(sch, toks, seed):
+    """Per token of the batch view: the author, the decision record (author where one was just made, else -1),
+    whether a coin fell after the token, and the rounds after it."""
+    coins = sch.coins(toks.shape[0], seed)
+    state = sch.start(coins)
+    rec = []
+    for t in range(toks.shape[1]):
+        author, fresh = state.author_B.long(), state.fresh_B
+        state = sch.advance(state, toks[:, t], coins)
+        rec.append((author, torch.where(fresh, author, -1), state.fresh_B, state.rounds_B))
+    return coins, rec
+
+
+@pytest.mark.parametrize("hand", [False, True])
+def test_sequence_view_records_the_batch_views_decisions(tokenizer, table, hand):
+    """decision(), feed()'s answer and over() of the per-sequence view equal the batch view's record
+    (HandoffState.fresh_B), also on a hand-built table whose streams start with a newline token."""
+    if hand:
+        tab, toks = HAND, torch.tensor([[2, 1, 2, 0, 3, 2, 1, 2, 0, 0], [3, 2, 0, 1, 2, 2, 3, 0, 1, 2]])
+    else:
+        tab, toks = table, _stream(tokenizer, B=5, T=60, seed=2)
+    for name in SCHEDULES:
+        sch = make_schedule(name, table=tab, p=0.5, max_gap=3, chunk_size=2)
+        coins, rec = _batch_record(sch, toks, seed=4)
+        for b in range(toks.shape[0]):
+            seq = SequenceSchedule(sch, coins, b)
+            for t, tok in enumerate(toks[b].tolist()):
+                author, decision, due, rounds = (x[b].item() for x in rec[t])
+                assert (int(seq.author), seq.decision()) == (author, decision), (name, b, t)
+                assert seq.feed(tok) == bool(due) and seq.rounds == rounds, (name, b, t)
+                assert seq.over(1) == (rounds > 1) and not seq.over(None)
+
+
+def test_sequence_view_start_and_turn_limits(table):
+    coins = CoinStream(2, 0.5, 0)
+    first = bool(coins.draw(1, 0))
+    word = make_schedule("word", table=table, max_gap=5)
+    seq = SequenceSchedule(word, coins, 1)
+    assert seq.author == first and seq.decision() == int(first) and seq.rounds == 1 and not seq.over(1)
+    forced = SequenceSchedule(word, coins, 1, first_author=not first)
+    assert forced.author is (not first) and forced.decision() == int(not first)
+    no_word = next(i for i in range(table.vocab_size) if not table.boundary_V[i])
+    assert seq.max_turn_tokens() == 5
+    assert not seq.feed(no_word) and seq.decision() == -1 and seq.max_turn_tokens() == 4
+    with pytest.raises(ValueError, match="needs a token table"):
+        SequenceSchedule(Schedule("word"), coins, 0).feed(1)
+    assert SequenceSchedule(make_schedule("none"), coins, 0).max_turn_tokens() is None
+
+
+@pytest.mark.parametrize("name", ["step", "alternate"])
+def test_end_step_draws_the_next_step_coin(table, name):
+    """The text bridge's step ends: coin k at the k-th step end (alternate: a flip), a new round on a change."""
+    coins = CoinStream(3, 0.5, 7)
+    sch = make_schedule(name, table=table, p=0.5)
+    for b in range(3):
+        seq = SequenceSchedule(sch, coins, b)
+        author, rounds = seq.author, 1
+        for k in range(1, 9):
+            assert seq.end_step() is True
+            expect = (not author) if name == "alternate" else coins.draw(b, k)
+            rounds += int(expect != author)
+            author = expect
+            assert (seq.author, seq.rounds, seq.steps, seq.decision()) == (author, rounds, k, int(author))
+    with pytest.raises(ValueError, match="step-level"):
+        SequenceSchedule(make_schedule("word", table=table), coins, 0).end_step()

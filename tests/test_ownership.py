@@ -119,10 +119,11 @@ def test_coin_tolerance_false_alarms_and_power():
     assert coin_tolerance(42, 16 * 32, FALSE_ALARM) < 0.5 < coin_tolerance(41, 16 * 32, FALSE_ALARM)
 
 
-def _bridge_like(owner, coins, senior):
+def _bridge_like(owner, coins, senior, mask=None):
     B, T = len(owner), len(owner[0])
     z = torch.zeros(B, T, dtype=torch.long)
-    return Rollout(z[:, :1], torch.ones(B, 1, dtype=torch.long), z, torch.ones(B, T, dtype=torch.long),
+    mask = torch.ones(B, T, dtype=torch.long) if mask is None else torch.tensor(mask)
+    return Rollout(z[:, :1], torch.ones(B, 1, dtype=torch.long), z, mask,
                    torch.tensor(owner), z.float(), None, torch.ones(B, dtype=torch.long),
                    torch.ones(B, dtype=torch.bool), schedule="step",
                    decisions_B=torch.tensor(coins), senior_decisions_B=torch.tensor(senior))
@@ -137,3 +138,14 @@ def test_bridge_rows_are_checked_against_their_turns():
         check_ownership(all_senior, "step", 0.5, budget=3)
     all_junior = _bridge_like([[0, 0, 0]] * 3, [2, 1, 2], [1, 0, 2])
     assert row_disagreements(all_junior) == 1
+
+
+def test_bridge_rows_with_padding_and_rows_without_turns():
+    """Padding is not a token (a one-author row padded at the end agrees with its turns); one senior token
+    in a row of junior turns disagrees; a row with tokens but no recorded turn disagrees; an empty row does not."""
+    mask = [[1, 1, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 0, 0]]
+    owner = [[1, 1, 0], [0, 1, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
+    turns, senior = [1, 2, 0, 0, 2], [1, 0, 0, 0, 1]
+    got = [row_disagreements(_bridge_like([owner[b]], [turns[b]], [senior[b]], [mask[b]])) for b in range(5)]
+    assert got == [0, 1, 1, 0, 0]
+    assert row_disagreements(_bridge_like(owner, turns, senior, mask)) == 2

@@ -71,13 +71,16 @@ def token_disagreements(rollout: Rollout) -> int:
 
 
 def row_disagreements(rollout: Rollout) -> int:
-    """Rows (text bridge) whose turns all went to one author but whose tokens are not all that author's
-    (``decisions_B``: the row's turns, ``senior_decisions_B``: the senior's)."""
-    live = rollout.response_mask_BT.bool()
-    own = (rollout.owner_BT.long() * live).sum(-1)
+    """Rows (text bridge) whose tokens contradict their turns (``decisions_B``: the row's turns,
+    ``senior_decisions_B``: the senior's): a row with tokens but no turn, or whose turns all went to one
+    author while its tokens are not all that author's."""
+    live = rollout.response_mask_BT.bool().cpu()
+    own = (rollout.owner_BT.long().cpu() * live).sum(-1)
     n_live = live.sum(-1)
     turns, senior = rollout.decisions_B.long().cpu(), rollout.senior_decisions_B.long().cpu()
-    bad = ((senior == 0) & (own.cpu() > 0)) | ((senior == turns) & (turns > 0) & (own.cpu() != n_live.cpu()))
+    one_author = (senior == 0) | (senior == turns)
+    expected = torch.where(senior == 0, torch.zeros_like(n_live), n_live)  # its senior tokens if one author wrote it
+    bad = (n_live > 0) & ((turns == 0) | (one_author & (own != expected)))
     return int(bad.sum())
 
 
