@@ -123,3 +123,75 @@ def test_dr_grpo_divides_by_each_mini_batch_longest_response(tmp_path, tokenizer
     want = [int(lengths[m:m + 4].max()) for m in range(0, 16, 4)]
     assert seen == want
     assert len(set(want)) > 1  # the mini-batches differ, so T or one global maximum would not pass
+
+
+@pytest.mark.parametrize("arm,beta", [("kl_reg", 0.05), ("trlvr", 0.0)])
+def test_each_chunk_gets_the_configs_loss_settings_and_its_share(tmp_path, tokenizer, trainer_parts, monkeypatch,
+                                                                 arm, beta):
+    """A mini-batch of 16 rollouts in micro-batches of 6, 6, 4 (grpo: per-sequence means): every chunk's
+    ``policy_loss`` gets the config's clip range and KL weight (the junior's log-probs only where that
+    weight is > 0), its weight is ``chunk_weight(loss_type, chunk, 16, processes)``, only the last chunk
+    syncs gradients, and ``train/loss`` / ``train/pg_loss`` are the chunks' values weighted by share."""
+    from tandem_rlvr.training import core, dist
+
+    calls, weights, syncs, seniors = [], [], [], []
+    real_loss, real_weight, real_sync = core.policy_loss, core.chunk_weight, dist.no_sync_unless_last
+
+    def loss_spy(*a, **kw):
+        loss, met = real_loss(*a, **kw)
+        calls.append((kw, float(loss.detach()), met["train/pg_loss"]))
+        return loss, met
+
+    monkeypatch.setattr(core, "policy_loss", loss_spy)
+    monkeypatch.setattr(core, "chunk_weight", lambda *a, **kw: weights.append((a, kw)) or real_weight(*a, **kw))
+    monkeypatch.setattr(dist, "no_sync_unless_last", lambda acc, m, last: syncs.append((m, last)) or real_sync(acc, m, last))
+    row = _one_step(tmp_path, tokenizer, trainer_parts, f"algo.arm={arm}", f"algo.kl_beta={beta}", "algo.loss_type=grpo",
+                    "algo.micro_batch=6", "algo.clip_eps=0.15", "algo.clip_eps_high=0.3",
+                    spy=lambda tr: seniors.append(tr.senior))
+    assert len(calls) == 3
+    for kw, _, _ in calls:
+        assert (kw["loss_type"], kw["clip_eps"], kw["clip_eps_high"], kw["kl_beta"]) == ("grpo", 0.15, 0.3, beta)
+        assert (kw["ref_logps_BT"] is None) == (beta == 0)
+    assert [(a, kw) for a, kw in weights] == [(("grpo", n, 16, 1), {}) for n in (6, 6, 4)]
+    assert [last for _, last in syncs] == [False, False, True] and all(m is seniors[0] for m, _ in syncs)
+    shares = [6 / 16, 6 / 16, 4 / 16]
+    assert row["train/loss"] == pytest.approx(sum(s * c[1] for s, c in zip(shares, calls)), rel=1e-6)
+    assert row["train/pg_loss"] == pytest.approx(sum(s * c[2] for s, c in zip(shares, calls)), rel=1e-6)
+    if beta:  # the KL term separates the two metrics
+        assert abs(row["train/loss"] - row["train/pg_loss"]) > 1e-7
+
+
+def test_chunk_weights_and_process_scale_by_hand():
+    from tandem_rlvr.training import core
+
+    assert core.chunk_weight("dapo", 2, 8, num_processes=4) == (4.0, 1.0)  # undo DDP's average; loss as is
+    assert core.chunk_weight("token_mean", 3, 8) == (1.0, 1.0)
+    assert core.chunk_weight("grpo", 2, 8, num_processes=4) == (0.25, 0.25)  # per-sequence: share of rows
+    assert core.chunk_weight("dr_grpo", 3, 12) == (0.25, 0.25)
+    assert (core.process_scale("dapo", 4), core.process_scale("token_mean", 3)) == (4, 3)
+    assert (core.process_scale("grpo", 4), core.process_scale("dr_grpo", 4)) == (1, 1)
+    with pytest.raises(ValueError, match="unknown loss_type"):
+        core.chunk_weight("ppo", 1, 1)
+
+
+def test_coin_tolerance_by_hand():
+    from tandem_rlvr.training.ownership import coin_tolerance
+
+    assert coin_tolerance(100, 1000, 1e-6) == pytest.approx(0.3272340, rel=1e-6)  # sqrt(ln(2000 / 1e-6) / 200)
+    assert coin_tolerance(1, 1, 1e-6) == pytest.approx(2.693386, rel=1e-6)  # sqrt(ln(2 / 1e-6) / 2)
+    assert coin_tolerance(5, 2, 1e-6) == pytest.approx(1.269571, rel=1e-6)  # N is at least n: sqrt(ln(10 / 1e-6) / 10)
+    assert math.isfinite(coin_tolerance(0, 0))
+
+
+def test_the_senior_share_band_is_closed():
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.errors import TandemError
+    from tandem_rlvr.training.arms import check_senior_frac
+
+    cfg = load_config(None, ["algo.arm=trlvr", "model.senior=unused", "model.junior=unused",
+                                 "algo.senior_frac_band=[0.25,0.75]"])
+    check_senior_frac(0.25, cfg)
+    check_senior_frac(0.75, cfg)
+    for frac in (0.2499, 0.7501):
+        with pytest.raises(TandemError, match="outside algo.senior_frac_band"):
+            check_senior_frac(frac, cfg)
