@@ -49,6 +49,13 @@ def tokenizer(tokenizer_dir):
     return tok
 
 
+def module_scope_unless_mutating(fixture_name: str, config) -> str:
+    """Scope of fixtures that run the trainer once for many tests: per module, but per test under mutmut
+    (``MUTANT_UNDER_TEST`` set), which maps each test to the functions it calls and would otherwise credit
+    the shared call to the first test only (``make mutate`` then skips the tests that check the result)."""
+    return "function" if os.environ.get("MUTANT_UNDER_TEST") else "module"
+
+
 def make_tiny_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, arch: str = "qwen2"):
     """A tiny random causal LM from a transformers config (≈ 30k–100k parameters)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM

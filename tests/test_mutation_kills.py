@@ -195,3 +195,82 @@ def test_the_senior_share_band_is_closed():
     for frac in (0.2499, 0.7501):
         with pytest.raises(TandemError, match="outside algo.senior_frac_band"):
             check_senior_frac(frac, cfg)
+
+
+def test_k3_kl_checks_its_reference_shape():
+    from tandem_rlvr.training import core
+
+    with pytest.raises(ValueError, match=r"ref_logps_BT has shape \(2, 3\), expected \(2, 4\)"):
+        core.k3_kl(torch.zeros(2, 4), torch.zeros(2, 3))
+
+
+def _capture_trainer(tmp_path, tokenizer, trainer_parts, *over):
+    got = []
+    _one_step(tmp_path, tokenizer, trainer_parts, *over, spy=got.append)
+    return got[0]
+
+
+def test_drift_metrics_are_means_over_senior_tokens_by_hand(tmp_path, tokenizer, trainer_parts):
+    """kl/senior_junior = mean of log p_s - log p_j over senior-written tokens; _k3 the k3 estimator's mean;
+    one senior token in the whole step is a mean over one token; no senior token gives 0, not a division by 0."""
+    from types import SimpleNamespace
+
+    tr = _capture_trainer(tmp_path, tokenizer, trainer_parts)
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -1.5, -0.25]])
+    jun = torch.tensor([[-1.5, -1.0, -0.5], [-2.0, -2.5, -4.0]])
+    ro = SimpleNamespace(response_mask_BT=torch.tensor([[1, 1, 0], [1, 1, 1]]),
+                         owner_BT=torch.tensor([[1, 0, 1], [1, 1, 0]]))  # senior tokens: (0,0) (1,0) (1,1)
+    d = [0.5, -1.0, 1.0]
+    k3 = [math.exp(-x) + x - 1 for x in d]
+    got = tr._drift_metrics(old, jun, ro)
+    assert got["kl/senior_junior"] == pytest.approx(sum(d) / 3) and got["kl/senior_junior_k3"] == pytest.approx(sum(k3) / 3)
+    one = SimpleNamespace(response_mask_BT=ro.response_mask_BT, owner_BT=torch.tensor([[0, 0, 0], [0, 1, 0]]))
+    got = tr._drift_metrics(old, jun, one)
+    assert got["kl/senior_junior"] == pytest.approx(1.0) and got["kl/senior_junior_k3"] == pytest.approx(k3[2])
+    none = SimpleNamespace(response_mask_BT=ro.response_mask_BT, owner_BT=torch.zeros(2, 3, dtype=torch.long))
+    assert tr._drift_metrics(old, jun, none) == {"kl/senior_junior": 0.0, "kl/senior_junior_k3": 0.0}
+
+
+@pytest.mark.parametrize("arm,beta", [("trlvr", 0.0), ("kl_reg", 0.05)])
+def test_update_forwards_respect_the_micro_batch_and_reuse_recorded_junior_logps(tmp_path, tokenizer, trainer_parts,
+                                                                                  monkeypatch, arm, beta):
+    """Every teacher-forced forward of the update (old log-probs, the junior's) runs on at most
+    algo.micro_batch rows; the junior runs only where the rollout did not record its log-probs (kl_reg's
+    solo rollouts), never again for a tandem rollout that did."""
+    from tandem_rlvr.training import arms
+
+    calls, seen = [], []
+    real = arms._forward_logps
+    monkeypatch.setattr(arms, "_forward_logps", lambda m, ro, rows, t: calls.append((m, len(rows))) or real(m, ro, rows, t))
+    _one_step(tmp_path, tokenizer, trainer_parts, f"algo.arm={arm}", f"algo.kl_beta={beta}", "algo.micro_batch=6",
+              spy=seen.append)
+    tr = seen[0]
+    assert calls and max(n for _, n in calls) <= 6
+    junior = [n for m, n in calls if m is tr.junior]
+    assert sum(junior) == (16 if arm == "kl_reg" else 0)
+
+
+def test_max_grad_norm_zero_means_no_clipping(tmp_path, tokenizer, trainer_parts):
+    tr = _capture_trainer(tmp_path, tokenizer, trainer_parts, "algo.max_grad_norm=0")
+    for p in tr.senior.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    before = [p.detach().clone() for p in tr.senior.parameters()]
+    norm = tr._clip_and_step()
+    assert norm == pytest.approx(1e-3 * math.sqrt(sum(p.numel() for p in tr.senior.parameters())), rel=1e-4)
+    assert all(not torch.equal(a, p) for a, p in zip(before, tr.senior.parameters()))
+
+
+def test_non_finite_gradients_skip_the_update_and_count_in_a_row(tmp_path, tokenizer, trainer_parts):
+    tr = _capture_trainer(tmp_path, tokenizer, trainer_parts)
+    params = list(tr.senior.parameters())
+    before = [p.detach().clone() for p in params]
+    for k in (1, 2):
+        for p in params:
+            p.grad = torch.full_like(p, float("nan"))
+        assert not math.isfinite(tr._clip_and_step())
+        assert tr.nonfinite_run == k and all(p.grad is None for p in params)
+        assert all(torch.equal(a, p) for a, p in zip(before, params))
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    assert math.isfinite(tr._clip_and_step()) and tr.nonfinite_run == 0
+    assert all(not torch.equal(a, p) for a, p in zip(before, params))

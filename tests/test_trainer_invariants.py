@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import bias_token, make_tiny_model
+from conftest import bias_token, make_tiny_model, module_scope_unless_mutating
 from tandem_rlvr.training import core
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import Pair, freeze
@@ -114,7 +114,7 @@ class Recorder:
         self.hook = tr.acc.unwrap_model(tr.senior).get_output_embeddings().register_forward_hook(on_logits)
 
 
-@pytest.fixture(scope="module", params=ARMS)
+@pytest.fixture(scope=module_scope_unless_mutating, params=ARMS)
 def step(request, tmp_path_factory, tokenizer, models):
     """One real train step of a paper arm: (cfg, trainer, recorder, metrics row, pre-step senior)."""
     name = request.param
