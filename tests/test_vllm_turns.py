@@ -273,6 +273,25 @@ def test_step_ready_collects_every_queued_output():
     assert step_ready(plain) == ["a"]
 
 
+def test_a_dead_core_process_is_named_before_the_timeout(tok, pair, batch):
+    """A multiprocess engine whose core process has exited never answers its step: the driver looks at the
+    process while it waits and stops at once, naming the engine and the exit code."""
+    release = threading.Event()
+    dead = StepStandIn(pair[1], tok.pad_token_id, fault_after_push="hang", hang=release)
+    dead.pushes = 1  # hangs from the first step on
+    proc = SimpleNamespace(pid=4242, exitcode=None)
+    dead.engine_core = SimpleNamespace(resources=SimpleNamespace(engine_manager=SimpleNamespace(processes=[proc])))
+    engine, _ = _engine(tok, pair, stand=(StepStandIn(pair[0], tok.pad_token_id), dead), timeout_s=60)
+    threading.Timer(0.3, lambda: setattr(proc, "exitcode", -9)).start()
+    t = time.perf_counter()
+    try:
+        with pytest.raises(EngineFault, match="junior engine died in step mid-rollout .*process 4242 exited with code -9"):
+            engine.generate(PromptBatch(*batch), make_schedule("word", tok, p=0.5), Sampling(40, 0.0), seed=4)
+    finally:
+        release.set()
+    assert time.perf_counter() - t < 10
+
+
 def test_cpu_binds_split_the_cores():
     from tandem_rlvr.engines.vllm_procs import cpu_binds
 
@@ -508,3 +527,27 @@ def test_eval_word_curve_on_vllm_matches_in_process(tok, pair, real_engines):
     got, got_chains = evaluate_pair(*pair, tok, EXAMPLES[:4], engine=engine, **kw)
     assert engine.turn_driver().stats["requests"] > 4, "the curve's word chains come from the engines"
     assert got == ref and got_chains == ref_chains
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
+def test_a_dead_engine_process_stops_the_rollout(tok, pair, batch, tmp_path_factory):
+    """An engine core process killed mid-rollout: an EngineFault naming the engine and the process, at once
+    (not after the step timeout: the sync client does not notice a killed core by itself)."""
+    import signal
+
+    from tandem_rlvr.engines.vllm_backend import VLLMEngine
+
+    llms = real_llms(tok, pair, tmp_path_factory, "processes", "vllm_dead")
+    engine = VLLMEngine(*llms, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, timeout_s=30)
+    schedule = make_schedule("word", tok, p=0.5)
+    sampling = Sampling(max_new_tokens=400, temperature=0)
+    big = tuple(torch.cat([x] * 8) for x in batch)
+    engine.generate(PromptBatch(*batch), schedule, Sampling(max_new_tokens=8, temperature=0), seed=1)  # warm
+    core = llms[1].llm_engine.engine_core.resources.engine_manager.processes[0]
+    threading.Timer(0.5, lambda: os.kill(core.pid, signal.SIGKILL)).start()
+    t = time.perf_counter()
+    with pytest.raises(EngineFault, match=f"vLLM junior engine died in .* mid-rollout .*process {core.pid} exited"):
+        engine.generate(PromptBatch(*big), schedule, sampling, seed=1)
+    assert time.perf_counter() - t < 15, "seen dead well before the 30 s step timeout"
+    _shutdown(llms[0])

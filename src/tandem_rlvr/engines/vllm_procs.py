@@ -82,6 +82,15 @@ def is_multiprocess(llm) -> bool:
     return core is not None and not hasattr(core, "engine_core")
 
 
+def dead_process(engine) -> str | None:
+    """Why a multiprocess engine cannot answer any more (its core process exited), else None."""
+    resources = getattr(getattr(engine, "engine_core", None), "resources", None)
+    for proc in getattr(getattr(resources, "engine_manager", None), "processes", None) or ():
+        if proc.exitcode is not None:
+            return f"its engine core process {proc.pid} exited with code {proc.exitcode}"
+    return None
+
+
 def step_ready(engine) -> list:
     """``engine.step()``, then (multiprocess core) further steps while the core has outputs queued: one
     call collects everything the core decoded meanwhile, so the driver never falls behind it."""

@@ -33,8 +33,8 @@ How a sequence is driven:
   own busy loop, ``step()`` collects what it has produced (every queued output, not just one), and
   the driver waits on both engines' steps at the same time, one thread each. In-process engines are
   stepped one after the other on one thread (vLLM's forward context is process-global).
-- **Faults**: an engine step that raises, or that does not answer within ``timeout_s``, stops the
-  rollout with :class:`EngineFault` (a :class:`~tandem_rlvr.errors.TandemError`: the run stops, the
+- **Faults**: an engine step that raises, or that does not answer within ``timeout_s``, or (multiprocess
+  engines) whose core process has exited, stops the rollout with :class:`EngineFault` (a :class:`~tandem_rlvr.errors.TandemError`: the run stops, the
   last checkpoint is untouched). A history that reaches the engine's context (``max_model_len``)
   ends that sequence there, counted in ``stats["context_cut"]``.
 """
@@ -53,13 +53,14 @@ import torch
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import CoinStream, Schedule, SequenceSchedule
 from tandem_rlvr.engines.rollout import Rollout, Sampling, rollout_from_rows
-from tandem_rlvr.engines.vllm_procs import is_multiprocess, step_ready
+from tandem_rlvr.engines.vllm_procs import dead_process, is_multiprocess, step_ready
 from tandem_rlvr.errors import TandemError
 
 TURN_LEVEL = ("word", "bernoulli", "chunk")  # the schedules this driver serves (VLLMEngine routes them here)
 
 TURN_STOPS = ("abort", "stop")
 DEFAULT_TIMEOUT_S = 600.0
+POLL_S = 1.0  # while waiting on an engine, look this often whether its core process died
 NAMES = {True: "senior", False: "junior"}
 
 
@@ -227,11 +228,22 @@ class TurnDriver:
         return self._wait(author, what)
 
     def _wait(self, author: bool, what: str):
-        try:
-            ok, value = self.workers[author].result(self.timeout_s)
-        except queue.Empty:
-            raise EngineFault(f"the vLLM {NAMES[author]} engine did not answer a {what} within {self.timeout_s:g} s "
-                              "(rollout.vllm_timeout_s); stopping the run, the last checkpoint is kept") from None
+        """The engine thread's answer; EngineFault on an error, on no answer within ``timeout_s``, or as soon as
+        the engine's core process (multiprocess engines) is seen dead."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                ok, value = self.workers[author].result(max(0.0, min(POLL_S, deadline - time.monotonic())))
+                break
+            except queue.Empty:
+                dead = dead_process(self.engines[author])
+                if dead:
+                    raise EngineFault(f"the vLLM {NAMES[author]} engine died in {what} mid-rollout ({dead}); "
+                                      "stopping the run, the last checkpoint is kept") from None
+                if time.monotonic() >= deadline:
+                    raise EngineFault(f"the vLLM {NAMES[author]} engine did not answer a {what} within "
+                                      f"{self.timeout_s:g} s (rollout.vllm_timeout_s); stopping the run, "
+                                      "the last checkpoint is kept") from None
         if not ok:
             raise EngineFault(f"the vLLM {NAMES[author]} engine failed in {what} mid-rollout: "
                               f"{type(value).__name__}: {value}; stopping the run, the last checkpoint is kept") from value
