@@ -333,6 +333,18 @@ def test_weight_push_to_another_process_goes_through_a_file(tok, pair):
     assert len(worker.paths) == 1 and not os.path.exists(worker.paths[0])
 
 
+def test_pushed_weights_go_to_disk_when_shared_memory_is_small(monkeypatch):
+    import shutil
+    import tempfile
+
+    from tandem_rlvr.engines import vllm_procs
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(free=64 * 2**20))  # a container's /dev/shm
+    assert vllm_procs._scratch_dir(2**30) == tempfile.gettempdir()
+    if os.access("/dev/shm", os.W_OK):
+        assert vllm_procs._scratch_dir(2**20) == "/dev/shm"
+
+
 def test_multiprocess_engines_need_one_training_process(tmp_path, monkeypatch):
     from tandem_rlvr.engines import vllm_backend
 

@@ -11,7 +11,7 @@ What changes for the rest of the package:
 
 - **Weight push**: the worker is in another process. Tensors cannot travel as ``collective_rpc``
   arguments (vLLM's msgpack decoder turns them into plain lists), so :func:`push_weights_file`
-  writes them once to a safetensors file (in ``/dev/shm`` where it exists) and calls the
+  writes them once to a safetensors file (in ``/dev/shm`` where it has room) and calls the
   ``tandem_load_weights`` method that :class:`WeightLoader` adds to vLLM's worker
   (``worker_extension_cls``); the worker reads the file and reloads its weights in place.
 - **Threads (CPU backend)**: vLLM pins each engine's model worker to CPU cores
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 
@@ -48,9 +49,13 @@ class WeightLoader:
         return len(weights)
 
 
-def _scratch_dir() -> str:
+def _scratch_dir(nbytes: int) -> str:
+    """``/dev/shm`` (memory) where it is writable and has room for ``nbytes`` with a margin (containers often
+    give it 64 MB), else the temporary directory."""
     shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > nbytes * 1.1 + 2**20:
+        return shm
+    return tempfile.gettempdir()
 
 
 def push_weights_file(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -64,7 +69,8 @@ def push_weights_file(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
             w = w.contiguous().clone()
         seen.add(w.data_ptr())
         tensors[name] = w
-    fd, path = tempfile.mkstemp(prefix="tandem-push-", suffix=".safetensors", dir=_scratch_dir())
+    nbytes = sum(w.numel() * w.element_size() for w in tensors.values())
+    fd, path = tempfile.mkstemp(prefix="tandem-push-", suffix=".safetensors", dir=_scratch_dir(nbytes))
     os.close(fd)
     try:
         save_file(tensors, path)
