@@ -164,7 +164,7 @@ def main() -> None:
                 extra = {}
                 if side.startswith("vllm_word"):
                     st = dict(eng.turn_driver().stats)
-                    extra = {k: st[k] for k in ("requests", "same_author_requests", "aborts", "steps",
+                    extra = {k: st[k] for k in ("requests", "same_author_requests", "aborts", "wasted_tokens", "steps",
                                                 "prompt_tokens", "cached_tokens")}
                 _emit(rows, model=name, side=side, mode=mode, batch=B, rep=rep, seconds=t, tokens=n_tok,
                       tok_per_s=n_tok / t, rounds_per_rollout=float(ro.rounds_B.float().mean()), **extra)
