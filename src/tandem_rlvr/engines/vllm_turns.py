@@ -34,8 +34,8 @@ How a sequence is driven:
   the driver waits on both engines' steps at the same time, one thread each. In-process engines are
   stepped one after the other on one thread (vLLM's forward context is process-global).
 - **Faults**: an engine step that raises, or that does not answer within ``timeout_s``, or (multiprocess
-  engines) whose core process has exited, stops the rollout with :class:`EngineFault` (a :class:`~tandem_rlvr.errors.TandemError`: the run stops, the
-  last checkpoint is untouched). A history that reaches the engine's context (``max_model_len``)
+  engines) whose core process has exited, stops the rollout with :class:`EngineFault` (a
+  :class:`~tandem_rlvr.errors.TandemError`: the run stops, the last checkpoint is untouched). A history that reaches the engine's context (``max_model_len``)
   ends that sequence there, counted in ``stats["context_cut"]``.
 """
 
@@ -213,7 +213,8 @@ class TurnDriver:
         row.requests += 1
 
     def _step_all(self, live: dict) -> list:
-        """One step of every engine with requests in flight (in turn, on the engine thread); all outputs."""
+        """One step of every engine with requests in flight (on the shared engine thread in turn, or on each
+        engine's own thread at once); all outputs."""
         busy = sorted({r.author for r in live.values()}, reverse=True)
         for a in busy:
             self.workers[a].submit(lambda e=self.engines[a]: step_ready(e))
