@@ -263,14 +263,18 @@ def test_concurrent_driver_steps_both_engines_at_once(tok, pair, batch, concurre
 def test_step_ready_collects_every_queued_output():
     from tandem_rlvr.engines.vllm_procs import step_ready
 
+    def out(rid, finished):
+        return SimpleNamespace(request_id=rid, finished=finished)
+
     q = queue.Queue()
-    for i in range(3):
-        q.put(i)
+    for batch_ in ([out("a", False), out("b", False)], [out("a", False)], [out("c", False), out("a", True)]):
+        q.put(batch_)
     eng = SimpleNamespace(engine_core=SimpleNamespace(outputs_queue=q))
-    eng.step = lambda: [q.get()]  # noqa: E731 - the multiprocess client's step: one queued batch (blocking)
-    assert step_ready(eng) == [0, 1, 2] and q.empty()
-    plain = SimpleNamespace(step=lambda: ["a"])  # an in-process engine: one step
-    assert step_ready(plain) == ["a"]
+    eng.step = lambda: q.get()  # noqa: E731 - the multiprocess client's step: one queued batch (blocking)
+    got = step_ready(eng)
+    assert q.empty() and [(o.request_id, o.finished) for o in got] == [("a", True), ("b", False), ("c", False)]
+    plain = SimpleNamespace(step=lambda: ["x"])  # an in-process engine: one step
+    assert step_ready(plain) == ["x"]
 
 
 def test_a_dead_core_process_is_named_before_the_timeout(tok, pair, batch):
@@ -457,8 +461,11 @@ def test_vllm_turns_match_the_lockstep_engine(tok, pair, batch, real_engines, na
     engine = VLLMEngine(*real_engines, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
                         turn_stop=turn_stop, max_in_flight=4)
     _assert_same(ref, engine.generate(PromptBatch(*batch), schedule, sampling, seed=4))
-    assert engine.turn_driver().stats["requests"] > len(PROBLEMS)
+    stats = engine.turn_driver().stats
+    assert stats["requests"] > len(PROBLEMS)
     assert engine.turn_driver().concurrent is all(is_multiprocess(llm) for llm in real_engines)
+    if name != "word" or turn_stop == "stop":
+        assert stats["aborts"] == 0, "the engine ends these turns itself (max_tokens / stop ids)"
 
 
 @pytest.mark.slow

@@ -99,12 +99,21 @@ def dead_process(engine) -> str | None:
 
 def step_ready(engine) -> list:
     """``engine.step()``, then (multiprocess core) further steps while the core has outputs queued: one
-    call collects everything the core decoded meanwhile, so the driver never falls behind it."""
+    call collects everything the core decoded meanwhile, so the driver never falls behind it.
+
+    Outputs are cumulative, and vLLM's outputs of one request share one token list, so an earlier
+    output of a request already shows the later tokens but not the later ``finished`` flag: only each
+    request's last output is kept."""
     outs = list(engine.step())
     queued = getattr(getattr(engine, "engine_core", None), "outputs_queue", None)
-    while queued is not None and not queued.empty():
+    if queued is None or queued.empty():
+        return outs
+    while not queued.empty():
         outs.extend(engine.step())
-    return outs
+    latest = {}
+    for out in outs:
+        latest[out.request_id] = out  # keeps the request's first position, holds its last output
+    return list(latest.values())
 
 
 def cpu_binds(n_engines: int, cpus: list[int] | None = None) -> list[str]:
