@@ -1,4 +1,4 @@
-.PHONY: setup test test-slow demo demo-quick bench fuzz
+.PHONY: setup test test-slow demo demo-quick bench bench-quick fuzz
 setup:
 	bash scripts/setup.sh
 test:
@@ -10,7 +10,9 @@ demo:
 demo-quick:
 	bash scripts/demo.sh --quick
 bench: setup
-	.venv/bin/python benchmarks/run_all.py
+	bash benchmarks/run_all.sh
+bench-quick: setup
+	TANDEM_BENCH_QUICK=1 bash benchmarks/run_all.sh
 fuzz: setup
 	.venv/bin/python scripts/fuzz_rewards.py --n 10000
 .PHONY: test-vllm mutate

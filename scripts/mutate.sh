@@ -19,16 +19,22 @@ SCOPE=(
   "tandem_rlvr.training.core.x_k3_kl__mutmut_*"
   "tandem_rlvr.training.core.x_aggregate__mutmut_*"
   "tandem_rlvr.training.core.x_policy_loss__mutmut_*"
+  "tandem_rlvr.training.core.x_chunk_weight__mutmut_*"
+  "tandem_rlvr.training.core.x_process_scale__mutmut_*"
   "tandem_rlvr.training.arms.x_arm_plan__mutmut_*"                # the arms' masks
   "tandem_rlvr.training.arms.x_loss_mask__mutmut_*"
   "tandem_rlvr.training.arms.x_check_senior_frac__mutmut_*"
+  "tandem_rlvr.training.ownership.x_*"                            # the fail-closed ownership check
   "tandem_rlvr.training.trainer.x${S}Trainer${S}update__mutmut_*" # the trainer's update path
   "tandem_rlvr.training.trainer.x${S}Trainer${S}_minibatch__mutmut_*"
   "tandem_rlvr.training.trainer.x${S}Trainer${S}_drift_metrics__mutmut_*"
   "tandem_rlvr.training.trainer.x${S}Trainer${S}_clip_and_step__mutmut_*"
   "tandem_rlvr.engines.handoff.x${S}Schedule${S}*"               # handoff schedules
+  "tandem_rlvr.engines.handoff.x${S}SequenceSchedule${S}*"
+  "tandem_rlvr.engines.handoff.x${S}CoinStream${S}*"
+  "tandem_rlvr.engines.handoff.x_step_end__mutmut_*"
+  "tandem_rlvr.engines.handoff.x_over_rounds__mutmut_*"
   "tandem_rlvr.engines.handoff.x_make_schedule__mutmut_*"
-  "tandem_rlvr.engines.handoff.x__coin__mutmut_*"
   "tandem_rlvr.engines.handoff.x_simulate__mutmut_*"
   "tandem_rlvr.evaluation.metrics.x_pass_at_k__mutmut_*"            # pass@k
   "tandem_rlvr.evaluation.metrics.x__correct_counts__mutmut_*"

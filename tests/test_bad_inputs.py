@@ -90,7 +90,7 @@ OK = ["model.senior=s", "model.junior=j", "train.prompts_per_step=4", "algo.grou
         (["handoff.p=-0.1"], r"'handoff\.p' must be in \[0, 1\]"),
         (["handoff.p=.nan"], r"'handoff\.p' must be in \[0, 1\], got nan"),
         (["algo.group_size=1"], r"'algo\.group_size' must be >= 2"),
-        (["algo.mini_batch_prompts=3"], r"'algo\.mini_batch_prompts' must divide train\.prompts_per_step \(4\), got 3"),
+        (["algo.mini_batch_prompts=3"], r"'algo\.mini_batch_prompts' must be 0 \(all prompts of the step\) or divide train\.prompts_per_step \(4\), got 3"),
         (["rollout.batch_size=6"], r"'rollout\.batch_size' must be 0 or a multiple of algo\.group_size"),
         (["algo.arm=kl_reg"], r"'algo\.kl_beta' must be > 0 for the kl_reg arm"),
         (["algo.kl_beta=0.1"], r"'algo\.kl_beta' is only used by the kl_reg arm"),

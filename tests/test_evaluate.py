@@ -459,6 +459,13 @@ def test_cli_eval_writes_all_outputs(world_models, tmp_path, capsys):
     assert means["curve-p0.5"] == pytest.approx(base["curve"]["0.5"])
     assert not list(out.rglob("*.tmp"))
     assert "tax (pts)" in capsys.readouterr().out
+    page = (out / "eval.html").read_text()  # self-contained: the tables, the plots inline, every chain
+    assert "<table>" in page and "data:image/png;base64," in page and "src='http" not in page
+    data = json.loads(page.split("<script type='application/json' id='chain-data'>")[1].split("</script>")[0])
+    assert sorted(r["id"] for r in data["runs"]) == ["base/arith", "base/small", "other/arith", "other/small"]
+    arith = next(r for r in data["runs"] if r["id"] == "base/arith")
+    assert sum(len(c) for p in arith["problems"] for c in p["chains"].values()) == len(rows)
+    assert all(p["q"] for p in arith["problems"])  # the problem texts are shown
     # a rerun reuses the finished parts and rewrites identical numbers
     before, chains_mtime = obj["seniors"], (out / "chains" / "base" / "arith.jsonl").stat().st_mtime_ns
     assert main(argv) == 0

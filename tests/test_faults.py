@@ -20,11 +20,11 @@ import yaml
 from safetensors.torch import load_file
 
 from test_cli_train import write_config
+from test_resume import _n_rows, _rows
 from tandem_rlvr import integrity
 from tandem_rlvr.training import checkpoint, preempt
 from tandem_rlvr.cli import main
 
-VOLATILE = ("time/", "reward/seconds")
 REWARD = {"reward": "rewards_for_tests:length_reward"}
 
 
@@ -37,16 +37,6 @@ def _env(**extra):
 def _cfg(d: Path, model_dirs, steps=6, data=REWARD, **train):
     d.mkdir(parents=True, exist_ok=True)
     return write_config(d, model_dirs, data=data, steps=steps, **{"save_every": 2, "keep_last": 2, **train})
-
-
-def _rows(run):
-    rows = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
-
-
-def _n_rows(run):
-    f = Path(run) / "metrics.jsonl"
-    return len(f.read_text().splitlines()) if f.exists() else 0
 
 
 def _assert_same_end(run, ref):

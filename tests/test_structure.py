@@ -116,8 +116,8 @@ def test_no_oversized_module_or_function():
     assert not big, "\n".join(big)
 
 
-# Folders import one way: basics <- engines, rewards <- training, evaluation <- demo, cli.
-BASICS = ("config", "names", "errors", "io", "integrity", "data", "models")
+# Folders import one way: basics <- (preflight,) engines, rewards <- training, evaluation <- demo, cli.
+BASICS = ("config", "names", "errors", "io", "integrity", "data", "models", "trackers")
 FORBIDDEN = {
     "engines": ("training", "evaluation", "demo", "cli", "world"),
     "rewards": ("engines", "training", "evaluation", "demo", "cli", "world"),
@@ -125,6 +125,7 @@ FORBIDDEN = {
     "evaluation": ("training", "demo", "cli"),
     "world": ("engines", "training", "evaluation", "demo", "cli", "rewards"),
     **{b: ("training", "evaluation", "demo", "cli", "rewards") for b in BASICS},
+    "preflight": ("engines", "training", "evaluation", "demo", "cli"),  # checks inputs: basics and the reward import only
 }
 
 

@@ -104,7 +104,7 @@ def test_training_rollouts_come_from_the_engines_and_match_in_process(tmp_path, 
     ref = _trainer(_cfg(tmp_path, arm, "hf"), tokenizer, models).rollout(0)[0]
     engines = (EngineStandIn(models[0], tokenizer), EngineStandIn(models[1], tokenizer))
     got = _trainer(_cfg(tmp_path, arm, "vllm"), tokenizer, models, engines).rollout(0)[0]
-    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "finished_B"):
+    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "finished_B", "turn_author_BT", "decisions_B", "senior_decisions_B"):
         assert torch.equal(getattr(ref, name).long(), getattr(got, name).long()), name
     owners = got.owner_BT[got.response_mask_BT.bool()]
     if arm == "trlvr":

@@ -28,7 +28,7 @@ def _demo(args: argparse.Namespace) -> int:
     from tandem_rlvr.demo import run_demo
 
     run_demo(out_dir=args.out, quick=args.quick, seeds=args.seeds, force_world=args.rebuild_world,
-             restart=args.restart, workers=args.workers)
+             restart=args.restart, workers=args.workers, junior=args.junior)
     return 0
 
 
@@ -58,8 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_eval)
 
     d = sub.add_parser("demo", help="the paper's experiment in the built-in arithmetic world, on a CPU")
-    d.add_argument("--quick", action="store_true", help="1 seed, fewer steps, smaller eval (about 2 minutes)")
-    d.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 3; 1 with --quick)")
+    d.add_argument("--quick", action="store_true", help="1 seed, fewer steps, smaller eval (under 2 minutes; direction only)")
+    d.add_argument("--junior", choices=("weak", "self"), default="weak",
+                   help="weak: the world's weaker junior (default); self: a frozen copy of the senior's warm start")
+    d.add_argument("--seeds", type=int, default=None, help="seeds per run (default 5; 1 with --quick)")
     d.add_argument("--out", default="demo_out", help="output directory")
     d.add_argument("--rebuild-world", action="store_true", help="rebuild the cached world models")
     d.add_argument("--restart", action="store_true", help="start over instead of resuming an interrupted demo in --out")

@@ -55,10 +55,10 @@ class AlgoConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     max_grad_norm: float = _f(1.0, "Gradient-norm clip (0 = off).")
     warmup_steps: int = _f(0, "Linear LR warm-up steps (constant afterwards).")
-    mini_batch_prompts: int = _f(8, "Prompts per PPO mini-batch (one optimizer update each).")
+    mini_batch_prompts: int = _f(0, "Prompts per PPO mini-batch (one optimizer update each); 0 = all of the step's prompts (one update per step and epoch).")
     ppo_epochs: int = _f(1, "Passes over each step's rollouts.")
     micro_batch: int = _f(0, "Rollouts per forward/backward chunk (gradient accumulation); 0 = whole mini-batch.")
-    senior_frac_band: list | None = _f(None, "Allowed [low, high] senior token fraction per step for trlvr; None = [p-0.2, p+0.2]. Outside it the run stops.")
+    senior_frac_band: list | None = _f(None, "Optional [low, high] band on a trlvr step's senior token share; outside it the run stops. None = no band (every step's ownership mask is still checked against the schedule's record, and its coins against handoff.p).")
 
 
 @dataclass
@@ -135,13 +135,16 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def senior_band(self) -> tuple[float, float]:
-        """The allowed senior-token fraction of a trlvr step."""
-        if self.algo.senior_frac_band is not None:
-            lo, hi = self.algo.senior_frac_band
-            return float(lo), float(hi)
-        p = 0.5 if self.handoff.schedule == "alternate" else self.handoff.p
-        return max(0.0, p - 0.2), min(1.0, p + 0.2)
+    def mini_batch_prompts(self) -> int:
+        """Prompts per PPO mini-batch (``algo.mini_batch_prompts``, 0 = all of the step's)."""
+        return self.algo.mini_batch_prompts or self.train.prompts_per_step
+
+    def senior_band(self) -> tuple[float, float] | None:
+        """The allowed senior-token fraction of a trlvr step (None: no band)."""
+        if self.algo.senior_frac_band is None:
+            return None
+        lo, hi = self.algo.senior_frac_band
+        return float(lo), float(hi)
 
 
 @dataclass
@@ -200,9 +203,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
+        word = _bool_word(value)
+        if word is not None:
+            return word
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, (float, str)) and not isinstance(value, bool):  # 1e3 (YAML 1.1: a string), 8.0
+            try:
+                if float(value) == int(float(value)):
+                    return int(float(value))
+            except (ValueError, OverflowError):
+                pass
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -214,12 +226,46 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        word = _str_word(value, key)
+        if word is not None:
+            return word
     elif tp is list or origin is list:
         if isinstance(value, (list, tuple)):
             return list(value)
+        if isinstance(value, str):  # train.trackers=tensorboard or a,b: a comma-separated list
+            return [v.strip() for v in value.split(",") if v.strip()]
     else:
         return value
     raise ConfigError(f"config key {key!r} must be {getattr(tp, '__name__', tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _bool_word(value: Any) -> bool | None:
+    """A quoted or numeric boolean ("off", "yes", 0, 1, ...) as a bool; None if it is none."""
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        return {"true": True, "yes": True, "on": True, "1": True,
+                "false": False, "no": False, "off": False, "0": False}.get(value.strip().lower())
+    return None
+
+
+def _str_word(value: Any, key: str) -> str | None:
+    """The word a user typed for a word-valued key that YAML read as something else.
+
+    YAML 1.1 reads off/no/false as False (all "off": train.fsdp=off works, unquoted, in files and
+    overrides), and the overrides read none/null as None (handoff.schedule=none). yes/on/true have
+    no word to map to in any key; they get an error that says so.
+    """
+    if value is False:
+        return "off"
+    if value is None:
+        return "none"
+    if value is True:
+        raise ConfigError(f"config key {key!r} takes a word, got True: YAML reads yes/on/true as a boolean; "
+                          f"write the word you mean (quoted if it is one of those)")
+    if isinstance(value, (int, float)):
+        return str(value)
+    return None
 
 
 def _merge(obj: Any, data: dict, prefix: str = "") -> None:
@@ -325,8 +371,8 @@ def validate(cfg: Config) -> None:
         (a.lr > 0 and math.isfinite(a.lr), "algo.lr", f"must be a finite number > 0, got {a.lr}"),
         (a.max_grad_norm >= 0, "algo.max_grad_norm", f"must be >= 0 (0 = off), got {a.max_grad_norm}"),
         (a.clip_eps_high is None or a.clip_eps_high > 0, "algo.clip_eps_high", f"must be > 0 or None, got {a.clip_eps_high}"),
-        (a.mini_batch_prompts >= 1 and t.prompts_per_step % a.mini_batch_prompts == 0, "algo.mini_batch_prompts",
-         f"must divide train.prompts_per_step ({t.prompts_per_step}), got {a.mini_batch_prompts}"),
+        (a.mini_batch_prompts >= 0 and t.prompts_per_step % (a.mini_batch_prompts or 1) == 0, "algo.mini_batch_prompts",
+         f"must be 0 (all prompts of the step) or divide train.prompts_per_step ({t.prompts_per_step}), got {a.mini_batch_prompts}"),
         (a.ppo_epochs >= 1 and a.micro_batch >= 0, "algo.ppo_epochs", "ppo_epochs must be >= 1 and micro_batch >= 0"),
         (h.schedule in SCHEDULES, "handoff.schedule", f"must be one of {', '.join(SCHEDULES)}, got {h.schedule!r}"),
         (0.0 <= h.p <= 1.0, "handoff.p", f"must be in [0, 1], got {h.p}"),

@@ -16,6 +16,7 @@ SCHEDULES = tuple(LEVELS)
 STEP_END = "\n\n"
 WORD_MARKERS = ("Ġ", "▁", " ")
 NEEDS_TABLE = ("word", "step", "alternate")  # schedules that read the tokens' text
+COIN_SCHEDULES = tuple(n for n in SCHEDULES if n not in ("none", "alternate"))  # authors drawn by coins, P(senior) = p
 
 
 def check_name(name: str) -> None:

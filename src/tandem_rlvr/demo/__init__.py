@@ -33,34 +33,53 @@ ARMS = ("grpo", "trlvr", "kl_reg")
 class DemoPlan:
     """Sizes of one demo run (``quick`` or ``full``)."""
 
-    seeds: int = 3
+    seeds: int = 5
     steps: int = 20
     prompts_per_step: int = 8
     group_size: int = 8
     max_new_tokens: int = 112  # the longest plain solution of the test split (6 operations) is ~105 tokens
     eval_problems: int = 48
     eval_n: int = 4
-    curve_ps: tuple = (1.0, 0.5, 0.25)
+    curve_ps: tuple = (1.0, 0.75, 0.5, 0.25)
     lr: float = 1e-4
+    kl_betas: tuple = (0.01, 0.1, 1.0)  # the kl_reg ablation's sweep, from too weak to too strong
+    val_every: int = 5  # senior-alone validation every this many steps (0: off)
+    val_problems: int = 16
+    val_n: int = 2
     overrides: dict = field(default_factory=dict)
 
 
 FULL = DemoPlan()
-QUICK = DemoPlan(seeds=1, steps=6, prompts_per_step=8, group_size=4, eval_problems=16, eval_n=2, curve_ps=(1.0, 0.5))
+QUICK = DemoPlan(seeds=1, steps=6, prompts_per_step=8, group_size=4, eval_problems=16, eval_n=2,
+                 curve_ps=(1.0, 0.5), val_every=3, val_problems=8)
 
 
-def train_config(arm: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir: str, junior_dir: str | None,
+def run_names(plan: DemoPlan) -> list[str]:
+    """The trained runs of one seed: ``grpo``, ``trlvr`` and ``kl_reg@β`` for every β of the sweep."""
+    return ["grpo", "trlvr", *(f"kl_reg@{float(b):g}" for b in plan.kl_betas)]
+
+
+def split_run(name: str) -> tuple[str, float]:
+    """``(arm, kl_beta)`` of a run name from :func:`run_names`."""
+    arm, _, beta = name.partition("@")
+    return arm, float(beta) if beta else 0.0
+
+
+def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir: str, junior_dir: str | None,
                  progress: bool = True):
-    """The demo's training config for one arm and seed (the same for every arm but ``algo.arm``)."""
+    """The demo's training config for one run (:func:`run_names`) and seed (the same for every run but
+    ``algo.arm`` and ``algo.kl_beta``)."""
+    arm, beta = split_run(run)
     base = {
         "model": {"senior": senior_dir, **({"junior": junior_dir} if junior_dir else {"self_paired": True})},
         "algo": {"arm": arm, "group_size": plan.group_size, "loss_type": "grpo", "lr": plan.lr,
-                 "mini_batch_prompts": plan.prompts_per_step // 2, "kl_beta": 0.1 if arm == "kl_reg" else 0.0},
+                 "mini_batch_prompts": plan.prompts_per_step // 2, "kl_beta": beta},
         "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},
         "rollout": {"max_new_tokens": plan.max_new_tokens, "temperature": 0.6, "max_prompt_tokens": 256},
         "train": {"steps": plan.steps, "prompts_per_step": plan.prompts_per_step, "save_every": 0,
                   "seed": seed, "out_dir": str(out_dir), "progress": progress},
         "data": {"train": "world/train", "reward": "math", "reward_workers": 1},
+        "val": {"data": "world/val", "every": plan.val_every, "n": plan.val_n, "limit": plan.val_problems},
     }
     for dotted, value in plan.overrides.items():
         node = base
@@ -77,7 +96,7 @@ def _jargon_metrics(texts: list[str]) -> dict:
     return {"rollout/jargon_rate": jargon_rate(texts)}
 
 
-def _evaluate(senior, junior, tok, examples, plan: DemoPlan, scorer, seed: int, label: str,
+def _evaluate(senior, junior, tok, examples, plan: DemoPlan, scorer, seed: int, label: str, chains_path: Path,
               progress: bool = True) -> dict:
     from tandem_rlvr.evaluation.evaluate import eval_sampling, evaluate_pair
     from tandem_rlvr.world.problems import jargon_rate
@@ -88,7 +107,35 @@ def _evaluate(senior, junior, tok, examples, plan: DemoPlan, scorer, seed: int, 
     )
     solo_texts = [c["text"] for c in chains if c.get("mode") == "solo"]
     metrics["jargon_rate"] = jargon_rate(solo_texts)
+    _save_chains(chains_path, chains)
     return metrics
+
+
+def _save_chains(path: Path, chains: list[dict]) -> None:
+    """Every evaluated chain of one job, compact, for the HTML report's chain browser."""
+    from tandem_rlvr.io import atomic_write_text
+    from tandem_rlvr.rewards import extract_boxed
+
+    import json
+
+    keep = ("problem_id", "sample", "mode", "reward", "gold", "finished", "turns")
+    lines = []
+    for c in chains:
+        rec = {k: c[k] for k in keep if k in c}
+        rec["turns"] = [[t["owner"], t["text"]] for t in c.get("turns", [])]
+        rec["answer"] = extract_boxed(c.get("text", ""))
+        lines.append(json.dumps(rec, ensure_ascii=False))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def _write_problems(out: Path, plan: DemoPlan) -> None:
+    """The evaluated test problems ``{id: text}`` for the HTML report's chain browser."""
+    from tandem_rlvr.data import load_examples
+
+    (out / "chains").mkdir(parents=True, exist_ok=True)
+    problems = {str(e.id): e.problem for e in load_examples("world/test")[: plan.eval_problems]}
+    atomic_write_json(out / "chains" / "problems.json", problems)
 
 
 def _previous(out: Path, results: dict, restart: bool) -> dict:
@@ -109,7 +156,7 @@ def _previous(out: Path, results: dict, restart: bool) -> dict:
         log.info("%s holds another plan, world or junior: starting over", path)
         return results
     log.info("resuming the demo in %s: its finished evaluations are kept (--restart recomputes them)", out)
-    keep = ("warm_start", "arms", "curves", "total_s")
+    keep = ("warm_start", "arms", "curves", "senior_alone_step0", "total_s")
     return {**results, **{k: old[k] for k in keep if k in old}, "resumed": True}
 
 
@@ -124,7 +171,10 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     evaluations already in ``out_dir/results.json`` (same plan, world and junior) are kept, the rest
     is trained and evaluated (``restart``: all)."""
     from tandem_rlvr.demo.report import write_report
+    from tandem_rlvr.preflight import check_demo
     from tandem_rlvr.world.build import build_world
+
+    check_demo(out_dir, junior=junior, seeds=seeds, workers=workers)  # before the world build and any training
 
     plan = plan or (QUICK if quick else FULL)
     if seeds is not None:
@@ -134,11 +184,13 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     t0 = time.perf_counter()
     paths = build_world(force=force_world)
     jdir = str(paths.junior_dir) if junior == "weak" else None
-    results = {"plan": {**plan.__dict__, "curve_ps": list(plan.curve_ps)}, "junior": junior,
+    results = {"plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.__dict__.items()}, "junior": junior,
                "world": {"senior": str(paths.senior_dir), "junior": str(paths.junior_dir),
                          "build_s": time.perf_counter() - t0},
-               "warm_start": {}, "arms": {a: {} for a in ARMS}, "curves": {a: {} for a in ARMS}}
+               "warm_start": {}, "arms": {r: {} for r in run_names(plan)}, "curves": {r: {} for r in run_names(plan)},
+               "senior_alone_step0": {}}
     results = _previous(out, results, restart)
+    _write_problems(out, plan)
     todo = _pending(results, plan)
     n = _n_workers(workers, len(todo))
     results["workers"] = n
@@ -169,9 +221,9 @@ class _Context:
 def _pending(results: dict, plan: DemoPlan) -> list[tuple[str | None, int]]:
     todo = [] if results["warm_start"] else [(None, 0)]
     for seed in range(plan.seeds):
-        for arm in ARMS:
-            if not (str(seed) in results["arms"][arm] and str(seed) in results["curves"][arm]):
-                todo.append((arm, seed))
+        for run in run_names(plan):
+            if not (str(seed) in results["arms"][run] and str(seed) in results["curves"][run]):
+                todo.append((run, seed))
     return todo
 
 
@@ -186,6 +238,7 @@ def _n_workers(workers: int | None, n_jobs: int) -> int:
 def _store(results: dict, job: tuple, curve: list | None, metrics: dict) -> None:
     arm, seed = job
     if arm is None:
+        results["senior_alone_step0"] = metrics.pop("senior_alone", {})
         results["warm_start"] = metrics
         return
     for key, value in (("curves", curve), ("arms", metrics)):
@@ -206,30 +259,46 @@ def _world(ctx: _Context) -> dict:
         _WORLD.update(ctx=ctx, tok=load_tokenizer(ctx.senior_dir), warm=warm,
                       junior=freeze(load_causal_lm(ctx.junior_dir) if ctx.junior_dir else copy.deepcopy(warm)),
                       train=load_examples("world/train"),
-                      test=load_examples("world/test")[: ctx.plan.eval_problems])
+                      test=load_examples("world/test")[: ctx.plan.eval_problems],
+                      val=load_examples("world/val")[: ctx.plan.val_problems])
     return _WORLD
 
 
 def _run_job(ctx: _Context, job: tuple, progress: bool) -> tuple[list | None, dict]:
-    """Train (unless the warm start) and evaluate one job; returns ``(curve rows, eval metrics)``."""
-    from tandem_rlvr.models import Pair
-    from tandem_rlvr.rewards import RewardScorer
-    from tandem_rlvr.training.trainer import Trainer
-
+    """Train (unless the warm start) and evaluate one job; returns ``(curve rows, eval metrics)`` (with the
+    job's wall and CPU seconds, ``time/job_s`` and ``time/job_cpu_s``)."""
     # The world's models are tiny: one intra-op thread is faster than several and immune to a busy machine.
     torch.set_num_threads(int(os.environ.get("TANDEM_RLVR_THREADS", "1")))
-    w, plan, (arm, seed) = _world(ctx), ctx.plan, job
+    t0, c0 = time.perf_counter(), time.process_time()
+    curve, metrics = _train_and_evaluate(ctx, job, progress)
+    metrics["time/job_s"], metrics["time/job_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+    return curve, metrics
+
+
+def _train_and_evaluate(ctx: _Context, job: tuple, progress: bool) -> tuple[list | None, dict]:
+    from tandem_rlvr.demo.val import DemoTrainer, senior_alone
+    from tandem_rlvr.models import Pair
+    from tandem_rlvr.rewards import RewardScorer
+
+    w, plan, (run, seed) = _world(ctx), ctx.plan, job
+    chains = Path(ctx.out) / "chains"
     with RewardScorer("math", time_limit=2.0, num_workers=1) as scorer:
-        if arm is None:
-            return None, _evaluate(w["warm"], w["junior"], w["tok"], w["test"], plan, scorer, 0, "warm_start", progress)
-        run_dir = Path(ctx.out) / "runs" / f"{arm}-seed{seed}"
-        cfg = train_config(arm, seed, run_dir, plan, ctx.senior_dir, ctx.junior_dir, progress=progress)
-        tr = Trainer(cfg, pair=Pair(copy.deepcopy(w["warm"]), w["junior"], w["tok"]), examples=w["train"],
-                     restart=True, text_metrics=_jargon_metrics)
+        if run is None:
+            metrics = _evaluate(w["warm"], w["junior"], w["tok"], w["test"], plan, scorer, 0, "warm_start",
+                                chains / "warm_start.jsonl", progress)
+            if plan.val_every:
+                metrics["senior_alone"] = senior_alone(w["warm"], w["junior"], w["tok"], w["val"], scorer,
+                                                       n=plan.val_n, max_new_tokens=plan.max_new_tokens)
+            return None, metrics
+        run_dir = Path(ctx.out) / "runs" / f"{run}-seed{seed}"
+        cfg = train_config(run, seed, run_dir, plan, ctx.senior_dir, ctx.junior_dir, progress=progress)
+        tr = DemoTrainer(cfg, pair=Pair(copy.deepcopy(w["warm"]), w["junior"], w["tok"]), examples=w["train"],
+                         restart=True, text_metrics=_jargon_metrics, val_examples=w["val"], scorer=scorer,
+                         val_n=plan.val_n)
         tr.train()
         senior = tr.acc.unwrap_model(tr.senior).eval()
         metrics = _evaluate(senior, w["junior"], w["tok"], w["test"], plan, scorer, 1000 + seed,
-                            f"{arm}-seed{seed}", progress)
+                            f"{run}-seed{seed}", chains / f"{run}-seed{seed}.jsonl", progress)
         return _curve_rows(run_dir), metrics
 
 
@@ -285,9 +354,10 @@ def _run_parallel(ctx: _Context, todo: list, n: int):
 
 
 def _eval_units(plan: DemoPlan) -> int:
-    """An evaluation's cost in training steps, for the ETA only: about three chains (solo, handoff,
-    curve) per evaluated sample, against one chain per training sample."""
-    return max(1, round(3 * plan.eval_problems * plan.eval_n / (plan.prompts_per_step * plan.group_size)))
+    """An evaluation's cost in training steps, for the ETA only: one chain per mode (solo, step handoff,
+    each word-handoff point but p = 1) per evaluated sample, against one chain per training sample."""
+    modes = 2 + sum(1 for p in plan.curve_ps if float(p) != 1.0)
+    return max(1, round(modes * plan.eval_problems * plan.eval_n / (plan.prompts_per_step * plan.group_size)))
 
 
 def _steps_logged(out: Path, job: tuple) -> int:
@@ -303,5 +373,6 @@ def _curve_rows(run_dir: Path) -> list[dict]:
     from tandem_rlvr.io import read_jsonl
 
     keep = ("step", "reward/mean", "rollout/senior_token_frac", "kl/senior_junior", "rollout/jargon_rate",
-            "train/loss", "time/step_s")
+            "train/loss", "time/step_s", "senior/solo_pass@1", "senior/jargon_rate", "senior/kl_exact",
+            "senior/junior_ce")
     return [{k: r[k] for k in keep if k in r} for r in read_jsonl(run_dir / "metrics.jsonl")]

@@ -1,5 +1,18 @@
 """The demo's report: a table of every metric (mean ± 95% interval over seeds), one verdict per
-paper claim, and PNG plots. Pure functions of the ``results.json`` dict."""
+paper claim, and PNG plots. Pure functions of the ``results.json`` dict.
+
+How claims are decided (over seeds; every difference is paired by seed):
+
+- claim 1 (TRLVR's solo accuracy ≈ GRPO's) is an equivalence claim: two one-sided tests with a
+  stated margin (``EQUIV_MARGIN_PTS``); reproduced only if the whole 95% t-interval of the paired
+  difference lies inside ± the margin, "not reproduced" if it lies wholly outside, else inconclusive;
+- claims 2–4 (TRLVR smaller than GRPO): reproduced if the 95% interval of the difference excludes 0;
+- claim 5 (KL-Reg does not get TRLVR's combination, at any β of the sweep): reproduced if for every
+  β KL-Reg is worse than TRLVR on solo accuracy or on the tax, each of the 2K one-sided comparisons
+  judged by a (1 − 0.05/2K) two-sided interval (Bonferroni), so the chance that any "worse" in the
+  verdict is a false positive is at most 5%;
+- with one seed there is no interval: every claim says "direction only (one seed)".
+"""
 
 from __future__ import annotations
 
@@ -7,10 +20,11 @@ import math
 from pathlib import Path
 
 from tandem_rlvr.io import atomic_write_text
+from tandem_rlvr.demo.results import _get, _values, kl_runs, label, runs
+from tandem_rlvr.demo.stats import equivalence, mean_ci
 
-# two-sided 95% Student-t quantiles by degrees of freedom (1..10); larger df use 1.96
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-ARMS = ("grpo", "trlvr", "kl_reg")
+EQUIV_MARGIN_PTS = 5.0  # claim 1: solo pass@1 differences within ±5 points count as "the same"
+ALPHA = 0.05
 METRICS = [
     ("solo_pass@1", "solo pass@1", 100, "{:.1f}"),
     ("solo_pass@4", "solo pass@4", 100, "{:.1f}"),
@@ -18,33 +32,13 @@ METRICS = [
     ("communication_tax", "communication tax (points)", 1, "{:.1f}"),
     ("junior_ce", "junior CE (nats/token)", 1, "{:.3f}"),
     ("junior_top1", "junior top-1", 100, "{:.1f}"),
-    ("kl_senior_junior", "KL(senior||junior) MC", 1, "{:.3f}"),
-    ("kl_senior_junior_exact", "KL(senior||junior) exact", 1, "{:.3f}"),
+    ("kl_senior_junior", "KL(senior‖junior) MC", 1, "{:.3f}"),
+    ("kl_senior_junior_exact", "KL(senior‖junior) exact", 1, "{:.3f}"),
     ("jargon_rate", "jargon rate", 100, "{:.1f}"),
 ]
+ONE_SEED = "direction only (one seed)"
 
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95% t-interval (nan half-width for one value)."""
-    vals = [v for v in values if v is not None and not math.isnan(v)]
-    if not vals:
-        return float("nan"), float("nan")
-    m = sum(vals) / len(vals)
-    if len(vals) < 2:
-        return m, float("nan")
-    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1))
-    return m, T95.get(len(vals) - 1, 1.96) * sd / math.sqrt(len(vals))
-
-
-def _values(results: dict, arm: str, key: str) -> list[float]:
-    return [_get(m, key) for m in results["arms"][arm].values()]
-
-
-def _get(metrics: dict, key: str) -> float:
-    if key.startswith("curve:"):
-        return float(metrics.get("curve", {}).get(key[6:], float("nan")))
-    v = metrics.get(key, float("nan"))
-    return float(v) if v is not None else float("nan")
+__all__ = ["EQUIV_MARGIN_PTS", "METRICS", "claims", "mean_ci", "metrics_table", "runs", "write_report"]
 
 
 def _cell(values: list[float], scale: float, fmt: str) -> str:
@@ -55,127 +49,172 @@ def _cell(values: list[float], scale: float, fmt: str) -> str:
     return s if math.isnan(h) else f"{s} ± {fmt.format(h * scale)}"
 
 
+def curve_ps(results: dict) -> list[str]:
+    """Every evaluated word-handoff probability (as stored), highest first."""
+    ps = {p for m in [results["warm_start"], *(m for r in results["arms"].values() for m in r.values())]
+          for p in m.get("curve", {})}
+    return sorted(ps, key=float, reverse=True)
+
+
 def metrics_table(results: dict) -> str:
-    """Markdown table: one row per metric, columns warm start and each arm."""
-    curve_keys = [(f"curve:{p}", f"word tandem pass@1, p={p}", 100, "{:.1f}")
-                  for p in results["warm_start"].get("curve", {})]
-    lines = ["| metric | warm start | " + " | ".join(ARMS) + " |", "|---" * (2 + len(ARMS)) + "|"]
-    for key, label, scale, fmt in METRICS + curve_keys:
-        row = [label, _cell([_get(results["warm_start"], key)], scale, fmt)]
-        row += [_cell(_values(results, a, key), scale, fmt) for a in ARMS]
+    """Markdown table: one row per metric (every evaluated curve point included), columns warm start
+    and each run."""
+    names = runs(results)
+    curve_keys = [(f"curve:{p}", f"word tandem pass@1, p={p}", 100, "{:.1f}") for p in curve_ps(results)]
+    lines = ["| metric | warm start | " + " | ".join(label(n) for n in names) + " |", "|---" * (2 + len(names)) + "|"]
+    for key, name, scale, fmt in METRICS + curve_keys:
+        row = [name, _cell([_get(results["warm_start"], key)], scale, fmt)]
+        row += [_cell(_values(results, n, key), scale, fmt) for n in names]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def _diff(results: dict, key: str, a: str, b: str) -> tuple[float, float]:
-    """Mean and 95% half-width of the per-seed difference ``a - b``."""
+def paired_diffs(results: dict, key: str, a: str, b: str) -> list[float]:
+    """Per-seed differences ``a - b`` over the seeds both runs have."""
     da, db = results["arms"][a], results["arms"][b]
-    return mean_ci([_get(da[s], key) - _get(db[s], key) for s in da if s in db])
+    return [_get(da[s], key) - _get(db[s], key) for s in da if s in db]
 
 
-def _verdict(m: float, h: float, better_if_negative: bool) -> str:
+def _diff(results: dict, key: str, a: str, b: str, level: float = 0.95) -> tuple[float, float]:
+    """Mean and half-width of the ``level`` interval of the per-seed difference ``a - b``."""
+    return mean_ci(paired_diffs(results, key, a, b), level)
+
+
+def _sign_verdict(m: float, h: float, better_if_negative: bool) -> str:
     good = m < 0 if better_if_negative else m > 0
     if math.isnan(m):
         return "not measured"
     if math.isnan(h):
-        return "same direction as the paper (one seed: no interval)" if good else "opposite direction to the paper (one seed)"
+        return f"{ONE_SEED}: " + ("same direction as the paper" if good else "opposite direction to the paper")
     if good and abs(m) > h:
         return "reproduced (95% interval excludes 0)"
     if good:
-        return "same direction as the paper, but the 95% interval includes 0"
+        return "inconclusive: same direction as the paper, but the 95% interval includes 0"
     return "not reproduced" + (" (significantly opposite)" if abs(m) > h else "")
 
 
-def claims(results: dict) -> list[str]:
-    """One sentence per paper claim saying whether this run reproduces it."""
-    out = []
+def _interval(m: float, h: float, scale: float, digits: int) -> str:
+    if math.isnan(h):
+        return f"{m * scale:+.{digits}f} (no interval)"
+    return f"{m * scale:+.{digits}f} [{(m - h) * scale:+.{digits}f}, {(m + h) * scale:+.{digits}f}]"
+
+
+def claim1(results: dict) -> str:
     m, h = _diff(results, "solo_pass@1", "trlvr", "grpo")
-    close = abs(m) * 100 <= 5 or (not math.isnan(h) and abs(m) <= h)
-    out.append(f"1. Solo accuracy of TRLVR ≈ GRPO: difference {m * 100:+.1f} points (± {h * 100:.1f}); "
-               + ("reproduced (within 5 points or within the interval)." if close else "not reproduced."))
-    for i, (key, name, scale, unit) in enumerate([
-        ("communication_tax", "communication tax", 1, "points"),
-        ("kl_senior_junior_exact", "drift KL(senior‖junior)", 1, "nats/token"),
-        ("junior_ce", "junior cross-entropy on the senior's chains (legibility)", 1, "nats/token"),
+    v = equivalence(m * 100, h * 100, EQUIV_MARGIN_PTS)
+    verdict = {"equivalent": "reproduced (the whole 95% interval lies inside the margin)",
+               "not equivalent": "not reproduced (the whole 95% interval lies outside the margin)",
+               "inconclusive": "inconclusive (the 95% interval is not inside the margin)",
+               "one seed": f"{ONE_SEED}: {'within' if abs(m * 100) < EQUIV_MARGIN_PTS else 'outside'} the margin",
+               "not measured": "not measured"}[v]
+    return (f"1. Solo accuracy of TRLVR ≈ GRPO (equivalence margin ± {EQUIV_MARGIN_PTS:g} points, two one-sided "
+            f"tests): difference {_interval(m, h, 100, 1)} points; {verdict}.")
+
+
+def claim5(results: dict) -> list[str]:
+    """Claim 5 over the β sweep, Bonferroni over the 2K one-sided comparisons."""
+    betas = kl_runs(results)
+    if not betas or not results["arms"].get("trlvr"):
+        return ["5. KL-Reg does not get TRLVR's combination: not measured."]
+    k = 2 * len(betas)
+    level = 1 - ALPHA / k
+    lines, worse_all, one_seed = [], True, False
+    for n in betas:
+        ms, hs = _diff(results, "solo_pass@1", n, "trlvr", level)
+        mt, ht = _diff(results, "communication_tax", n, "trlvr", level)
+        one_seed |= math.isnan(hs) or math.isnan(ht)
+        if math.isnan(hs) or math.isnan(ht):
+            worse = [w for w, ok in (("solo accuracy", ms < 0), ("tax", mt > 0)) if ok]
+            tag = "worse on " + " and ".join(worse) + " (point estimate)" if worse else "not worse (point estimate)"
+        else:
+            worse = [w for w, ok in (("solo accuracy", ms + hs < 0), ("tax", mt - ht > 0)) if ok]
+            tag = "worse on " + " and ".join(worse) if worse else "not shown worse on either"
+        worse_all &= bool(worse)
+        lines.append(f"   - β = {n.split('@')[1]}: solo pass@1 {_interval(ms, hs, 100, 1)} points, "
+                     f"tax {_interval(mt, ht, 1, 1)} points vs TRLVR; {tag}.")
+    if one_seed:
+        verdict = f"{ONE_SEED}: " + ("every β is worse in point estimate" if worse_all else "some β is not worse")
+    else:
+        verdict = ("reproduced: at every β, KL-Reg is worse than TRLVR on solo accuracy or on the tax" if worse_all
+                   else "not reproduced: at some β, KL-Reg is not shown worse than TRLVR on either")
+    head = (f"5. KL-Reg does not get TRLVR's combination at any strength (β sweep {', '.join(n.split('@')[1] for n in betas)}; "
+            f"{100 * level:.2f}% intervals, Bonferroni over the {k} one-sided comparisons): {verdict}.")
+    return [head, *lines]
+
+
+def claims(results: dict) -> list[str]:
+    """One verdict per paper claim (claim 5 with one line per β)."""
+    out = [claim1(results)]
+    for i, (key, name, scale, unit, digits) in enumerate([
+        ("communication_tax", "communication tax", 1, "points", 1),
+        ("kl_senior_junior_exact", "drift KL(senior‖junior)", 1, "nats/token", 3),
+        ("junior_ce", "junior cross-entropy on the senior's chains (legibility)", 1, "nats/token", 3),
     ], start=2):
         m, h = _diff(results, key, "trlvr", "grpo")
-        out.append(f"{i}. TRLVR has a smaller {name} than GRPO: difference {m * scale:+.3f} {unit} "
-                   f"(± {h * scale:.3f}); {_verdict(m, h, better_if_negative=True)}.")
-    ms, hs = _diff(results, "solo_pass@1", "kl_reg", "trlvr")
-    mt, ht = _diff(results, "communication_tax", "kl_reg", "trlvr")
-    worse_solo = ms < 0 and (math.isnan(hs) or -ms > hs)
-    worse_tax = mt > 0 and (math.isnan(ht) or mt > ht)
-    verdict = ("reproduced: KL-Reg is worse on " + " and ".join(
-        n for n, w in (("solo accuracy", worse_solo), ("communication tax", worse_tax)) if w)
-        if worse_solo or worse_tax else "not reproduced: neither difference is outside its 95% interval")
-    out.append(f"5. KL-Reg does not get TRLVR's combination: vs TRLVR its solo pass@1 is {ms * 100:+.1f} points "
-               f"(± {hs * 100:.1f}) and its tax {mt:+.1f} points (± {ht:.1f}); {verdict}.")
-    return out
+        out.append(f"{i}. TRLVR has a smaller {name} than GRPO: difference {_interval(m, h, scale, digits)} {unit}; "
+                   f"{_sign_verdict(m, h, better_if_negative=True)}.")
+    return out + claim5(results)
+
+
+def n_seeds(results: dict) -> int:
+    return min((len(v) for v in results["arms"].values()), default=0)
+
+
+def _timing(results: dict) -> str:
+    total = results.get("total_s")
+    cpu = sum(m.get("time/job_cpu_s", 0.0) for r in results["arms"].values() for m in r.values())
+    cpu += results["warm_start"].get("time/job_cpu_s", 0.0)
+    head = "Total time: unfinished" if total is None or math.isnan(total) else f"Total time {total:.0f} s"
+    return f"{head} (world build {results['world']['build_s']:.0f} s; the jobs' CPU time {cpu:.0f} s)."
 
 
 def write_report(results: dict, out_dir: str | Path) -> Path:
-    """Write ``report.md`` and the plots; returns the report path."""
+    """Write ``report.md``, the plots and ``report.html``; returns the report path."""
+    from tandem_rlvr.demo.plots import write_plots
+
     out = Path(out_dir)
     plots = write_plots(results, out)
     plan = results["plan"]
+    seeds = n_seeds(results)
     text = [
         "# Tandem RLVR demo (built-in arithmetic world)", "",
-        f"Seeds: {plan['seeds']}; {plan['steps']} training steps of {plan['prompts_per_step']} prompts x "
-        f"{plan['group_size']} rollouts; evaluation on {plan['eval_problems']} test problems x {plan['eval_n']} samples; "
-        f"junior: {results.get('junior')}. Total time {results.get('total_s', float('nan')):.0f} s "
-        f"(world build {results['world']['build_s']:.0f} s).", "",
-        "Cells: mean ± half-width of the 95% t-interval over seeds (no interval with one seed). "
+        f"Seeds: {seeds}{'' if seeds >= plan['seeds'] else ' of the ' + str(plan['seeds']) + ' planned (an unfinished run)'}; "
+        f"{plan['steps']} training steps of {plan['prompts_per_step']} prompts x "
+        f"{plan['group_size']} rollouts; kl_reg β sweep {plan.get('kl_betas')}; evaluation on {plan['eval_problems']} "
+        f"test problems x {plan['eval_n']} samples; junior: {results.get('junior')}. {_timing(results)}", "",
+        *([f"**Direction only**: one seed gives no interval, so no claim below can be reproduced or refuted by this run; "
+           f"run the full demo (several seeds) for verdicts.", ""] if seeds < 2 else []),
+        "Cells: mean ± half-width of the 95% Student-t interval over seeds (no interval with one seed). "
         "Percentages for accuracies and rates.", "",
         metrics_table(results), "",
         "Evaluation metrics are measured on the test split with the junior of the run; the training curves on "
         "each arm's own rollouts (co-written with the junior for trlvr, so its jargon rate and KL there are "
-        "those of team chains).", "", "## Claims", "", *claims(results), "", "## Plots", "",
+        "those of team chains); the senior-alone curves on the senior's own chains on a small validation split.", "",
+        "## Claims", "",
+        f"Differences are paired by seed, shown as mean [95% interval]; claim 1's equivalence margin is "
+        f"± {EQUIV_MARGIN_PTS:g} points.", "", *claims(results), "", "## Plots", "",
         *[f"![{p.stem}]({p.name})" for p in plots], "",
     ]
     path = out / "report.md"
     atomic_write_text(path, "\n".join(text))
+    demo_html(results, out, path)
     return path
 
 
-def write_plots(results: dict, out: Path) -> list[Path]:
-    """Training curves and the claims side by side, as PNG files."""
-    import matplotlib
+def demo_html(results: dict, out: Path, md_path: Path) -> Path:
+    """``report.html`` beside the demo's ``report.md``: its tables and plots, and every saved chain
+    (``out/chains/<run>-seed<k>.jsonl``, ``warm_start.jsonl``) in the browser."""
+    from tandem_rlvr.evaluation.html import _read_problems, chain_run, markdown_to_html, page, read_jsonl
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    keys = [("reward/mean", "reward"), ("rollout/senior_token_frac", "senior token share"),
-            ("kl/senior_junior", "KL to junior (train)"), ("rollout/jargon_rate", "jargon rate (rollouts)")]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
-    for ax, (key, label) in zip(axes, keys):
-        for arm in ARMS:
-            runs = list(results["curves"].get(arm, {}).values())
-            if not runs:
-                continue
-            steps = [r["step"] for r in runs[0]]
-            mean = [sum(run[i].get(key, float("nan")) for run in runs) / len(runs) for i in range(len(steps))]
-            ax.plot(steps, mean, label=arm)
-        ax.set_title(label)
-        ax.set_xlabel("step")
-    axes[0].legend()
-    fig.tight_layout()
-    paths.append(_save(fig, out / "training_curves.png"))
-    claims_keys = [("solo_pass@1", "solo pass@1", 100), ("communication_tax", "communication tax (pts)", 1),
-                   ("kl_senior_junior_exact", "KL(senior||junior)", 1), ("junior_ce", "junior CE (nats)", 1)]
-    fig, axes = plt.subplots(1, len(claims_keys), figsize=(4 * len(claims_keys), 3.2))
-    names = ["warm"] + list(ARMS)
-    for ax, (key, label, scale) in zip(axes, claims_keys):
-        stats = [mean_ci([_get(results["warm_start"], key)])] + [mean_ci(_values(results, a, key)) for a in ARMS]
-        ax.bar(names, [m * scale for m, _ in stats],
-               yerr=[0 if math.isnan(h) else h * scale for _, h in stats], capsize=4, color=["gray", "C0", "C1", "C2"])
-        ax.set_title(label)
-    fig.tight_layout()
-    paths.append(_save(fig, out / "claims.png"))
-    return paths
-
-
-def _save(fig, path: Path) -> Path:
-    from tandem_rlvr.evaluation.report import save_figure
-
-    return save_figure(fig, path, dpi=110)
+    problems = _read_problems(out / "chains" / "problems.json")
+    chains = []
+    jobs = [("warm_start", "warm start")] + [(f"{n}-seed{s}", f"{label(n)} · seed {s}")
+                                             for n in runs(results) for s in results["arms"][n]]
+    for run_id, name in jobs:
+        path = out / "chains" / f"{run_id}.jsonl"
+        if path.is_file():
+            chains.append(chain_run(run_id, name, read_jsonl(path), problems))
+    body = markdown_to_html(md_path.read_text(encoding="utf-8"), out)
+    target = out / "report.html"
+    atomic_write_text(target, page("Tandem RLVR demo", body, chains))
+    return target

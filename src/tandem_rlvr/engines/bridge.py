@@ -163,6 +163,7 @@ class _Chains:
     done: list[bool]
     finished: list[bool]
     last_author: list[bool]
+    played: list[list[bool]] = field(default_factory=list)  # the author of each turn played, per row
 
     @classmethod
     def start(cls, schedule: Schedule, coins: CoinStream, budget: int) -> _Chains:
@@ -170,7 +171,7 @@ class _Chains:
         n = coins.n
         sched = [SequenceSchedule(schedule, coins, b) for b in range(n)]
         return cls([""] * n, [[] for _ in range(n)], sched, [budget] * n, [False] * n, [False] * n,
-                   [s.author for s in sched])
+                   [s.author for s in sched], [[] for _ in range(n)])
 
     @property
     def author(self) -> list[bool]:
@@ -223,6 +224,7 @@ def _run_turns(senior: Side, junior: Side, prompt_ids: dict, ch: _Chains, sampli
             seqs = [prompt_ids[is_senior][b] + h for b, h in zip(rows, history)]
             turns = decode_turn(side, seqs, [ch.remaining[b] for b in rows], sampling, gen)
             for b, turn in zip(rows, turns):
+                ch.played[b].append(is_senior)
                 ch.add_text(b, _turn_text(side, turn), int(is_senior))
                 _after_turn(ch, b, turn, max_rounds)
 
@@ -263,7 +265,18 @@ def _to_rollout(senior: Side, ch: _Chains, prompt_ids: list[list[int]], schedule
     dev = senior.model.get_output_embeddings().weight.device  # where the trainer's forwards run
     return rollout_from_rows(p_ids.to(dev), p_mask.to(dev), rows_ids, rows_own, pad_token_id=tok.pad_token_id,
                              rounds=[q.rounds for q in ch.sched], finished=ch.finished, max_rounds=max_rounds,
-                             schedule=schedule)
+                             schedule=schedule, record=_turn_record(ch))
+
+
+def _turn_record(ch: _Chains) -> dict:
+    """Each row's turns for the ownership check: how many authors were chosen, how many were the senior
+    (under ``step`` each is a coin's outcome). The bridge has no token-level record (turns are text,
+    re-encoded at the end), so the trainer checks its mask per row (:mod:`tandem_rlvr.training.ownership`).
+    The evaluation's bridges (:mod:`tandem_rlvr.evaluation.textfit` chains) keep no such record: none is returned."""
+    if not hasattr(ch, "played"):
+        return {}
+    return {"decisions_B": torch.tensor([len(t) for t in ch.played], dtype=torch.long),
+            "senior_decisions_B": torch.tensor([sum(t) for t in ch.played], dtype=torch.long)}
 
 
 @torch.inference_mode()

@@ -138,12 +138,15 @@ def _int(x):
 class HandoffState:
     """Per-sequence schedule state. ``author_B``: True where the senior writes the next token;
     ``gap_B``: tokens since the last coin; ``turn_nl_B``: the last token of the current step ended with
-    a newline; ``t``: tokens emitted so far."""
+    a newline; ``fresh_B``: the author was just decided (at the start and wherever a coin fell, even one
+    that kept the author: the engines' record of decisions, ``Rollout.turn_author_BT``); ``t``: tokens
+    emitted so far."""
 
     author_B: torch.Tensor
     gap_B: torch.Tensor
     rounds_B: torch.Tensor
     turn_nl_B: torch.Tensor
+    fresh_B: torch.Tensor
     t: int = 0
 
 
@@ -185,7 +188,8 @@ class Schedule:
         """Initial state of a batch."""
         n = coins.n
         zeros = torch.zeros(n, dtype=torch.long)
-        return HandoffState(self.first_authors(coins), zeros, zeros + 1, torch.zeros(n, dtype=torch.bool), 0)
+        return HandoffState(self.first_authors(coins), zeros, zeros + 1, torch.zeros(n, dtype=torch.bool),
+                            torch.ones(n, dtype=torch.bool), 0)
 
     def advance(self, state: HandoffState, tok_B: torch.Tensor, coins: CoinStream) -> HandoffState:
         """State after each sequence emitted ``tok_B``: decides the author of the next token."""
@@ -197,9 +201,9 @@ class Schedule:
                      self.table.starts_nl_V[tok_B])
         else:
             flags = (torch.zeros_like(state.author_B),) * 4
-        author, gap, rounds, turn_nl, _ = self.after(state.author_B, state.gap_B, state.rounds_B, state.turn_nl_B,
-                                                     flags, lambda: coins.row(state.t + 1))
-        return HandoffState(author, gap, rounds, turn_nl, state.t + 1)
+        author, gap, rounds, turn_nl, due = self.after(state.author_B, state.gap_B, state.rounds_B, state.turn_nl_B,
+                                                       flags, lambda: coins.row(state.t + 1))
+        return HandoffState(author, gap, rounds, turn_nl, torch.as_tensor(due).expand_as(author).clone(), state.t + 1)
 
     def after(self, author, gap, rounds, turn_nl, flags, coin):
         """The rule, on one sequence (bools and ints) or a batch (tensors): the state after a token with
@@ -244,11 +248,17 @@ class SequenceSchedule:
         self.author = bool(schedule.first_authors(coins)[b]) if first_author is None else first_author
         self.gap, self.rounds, self.turn_nl = 0, 1, False
         self.t, self.steps = 0, 0  # tokens fed; step ends passed by end_step()
+        self.fresh = True  # the author was just decided (start, or a coin fell): HandoffState.fresh_B
 
     def _after(self, flags, k: int) -> bool:
         self.author, self.gap, self.rounds, self.turn_nl, due = self.schedule.after(
             self.author, self.gap, self.rounds, self.turn_nl, flags, lambda: self.coins.draw(self.b, k))
+        self.fresh = bool(due)
         return bool(due)
+
+    def decision(self) -> int:
+        """The record of the next token (``Rollout.turn_author_BT``): the author where it was just decided, else -1."""
+        return int(self.author) if self.fresh else -1
 
     def feed(self, tok: int) -> bool:
         """Advance past one emitted token; True when a coin fell after it (the turn ends there, though

@@ -73,6 +73,13 @@ class Rollout:
     senior wrote the token, 0 where the junior did (and 0 on padding: always combine with the
     response mask). Log-probs are of the emitted token at the sampling temperature;
     ``junior_logps_BT`` is None when the junior was not run.
+
+    The schedule's own record of its decisions, which the trainer checks the ownership mask against
+    (:mod:`tandem_rlvr.training.ownership`): ``turn_author_BT`` is -1 where a token continues its author's
+    turn and the author the schedule chose (1 senior, 0 junior) where a decision came before it (the
+    first token and every redraw); ``decisions_B`` / ``senior_decisions_B`` count a row's decisions
+    that chose who writes a token (under a coin schedule each is a coin toss) and how many chose the
+    senior. Engines that cannot record them leave them None.
     """
 
     prompt_ids_BP: torch.Tensor
@@ -85,6 +92,9 @@ class Rollout:
     rounds_B: torch.Tensor
     finished_B: torch.Tensor
     schedule: str = "none"
+    turn_author_BT: torch.Tensor | None = None
+    decisions_B: torch.Tensor | None = None
+    senior_decisions_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -306,6 +316,7 @@ class _CoWrite:
         self.eos = torch.tensor(sorted({int(e) for e in eos_token_ids}), dtype=torch.long, device=device)
         self.ids = torch.full((B, n_new), pad_token_id, dtype=torch.long, device=device)
         self.owner = torch.zeros(B, n_new, dtype=torch.long, device=device)
+        self.turn = torch.full_like(self.ids, -1)  # the schedule's decisions (Rollout.turn_author_BT)
         self.alive_BT = torch.zeros(B, n_new, dtype=torch.long, device=device)
         self.done = torch.zeros(B, dtype=torch.bool, device=device)
         self.hit_eos = torch.zeros(B, dtype=torch.bool, device=device)
@@ -333,6 +344,7 @@ class _CoWrite:
         tok = torch.where(self.done, self.pad_tok, sample_tokens(self._logits(t, author), self.sampling, self.gen_tok))
         live = ~self.done
         self.ids[:, t], self.alive_BT[:, t], self.owner[:, t] = tok, live.long(), (author & live).long()
+        self.turn[:, t] = torch.where(self.state.fresh_B.to(self.device) & live, author.long(), -1)
         for d in self.decs:
             d.record(t, tok)
         self.state = self.schedule.advance(self.state, tok, self.coins)
@@ -360,30 +372,44 @@ class _CoWrite:
             owner_BT=self.owner[:, :T], senior_logps_BT=self.s_dec.logps_BT[:, :T] * alive,
             junior_logps_BT=(self.j_dec.logps_BT[:, :T] * alive) if self.j_dec is not None else None,
             rounds_B=torch.minimum(rounds, torch.full_like(rounds, self.max_rounds or 10**9)),
-            finished_B=self.hit_eos, schedule=self.schedule.name,
+            finished_B=self.hit_eos, schedule=self.schedule.name, **decision_record(self.turn[:, :T]),
         )
 
 
 def rollout_from_rows(prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, ids: list[list[int]],
                       owner: list[list[int]], *, pad_token_id: int, rounds: list[int], finished: list[bool],
-                      max_rounds: int | None, schedule: str) -> Rollout:
+                      max_rounds: int | None, schedule: str, turn: list[list[int]] | None = None,
+                      record: dict | None = None) -> Rollout:
     """A :class:`Rollout` from per-row token and owner lists (engines that write whole turns), right-padded,
-    on the prompts' device; rounds capped at ``max_rounds``; no log-probs recorded (zeros / None)."""
+    on the prompts' device; rounds capped at ``max_rounds``; no log-probs recorded (zeros / None).
+    The schedule's decisions: ``turn`` per token (-1 or the chosen author, as ``Rollout.turn_author_BT``),
+    or ``record``, ready-made per-row counts (``decisions_B``, ``senior_decisions_B``)."""
     B, T = len(ids), max(1, max(len(r) for r in ids))
     ids_BT = torch.full((B, T), pad_token_id, dtype=torch.long)
     mask_BT, owner_BT = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
+    turn_BT = torch.full((B, T), -1, dtype=torch.long)
     for b, (row, own) in enumerate(zip(ids, owner)):
         ids_BT[b, :len(row)] = torch.tensor(row, dtype=torch.long)
         mask_BT[b, :len(row)] = 1
         owner_BT[b, :len(own)] = torch.tensor(own, dtype=torch.long)
+        if turn is not None:
+            turn_BT[b, :len(turn[b])] = torch.tensor(turn[b], dtype=torch.long)
     dev = prompt_ids_BP.device
     rounds_B = torch.tensor([min(r, max_rounds or 10**9) for r in rounds], dtype=torch.long)
+    if turn is not None:
+        record = decision_record(turn_BT)
     return Rollout(
         prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP, response_ids_BT=ids_BT.to(dev),
         response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T, device=dev),
         junior_logps_BT=None, rounds_B=rounds_B.to(dev), finished_B=torch.tensor(finished, dtype=torch.bool).to(dev),
-        schedule=schedule,
+        schedule=schedule, **{k: v.to(dev) for k, v in (record or {}).items()},
     )
+
+
+def decision_record(turn_author_BT: torch.Tensor) -> dict:
+    """The Rollout fields of a schedule's decisions: ``turn_author_BT`` and the per-row counts."""
+    return {"turn_author_BT": turn_author_BT, "decisions_B": (turn_author_BT >= 0).long().sum(-1),
+            "senior_decisions_B": (turn_author_BT == 1).long().sum(-1)}
 
 
 def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
@@ -400,6 +426,12 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         return torch.nn.functional.pad(x, (P - x.shape[1], 0), value=value)
 
     junior = None if any(r.junior_logps_BT is None for r in parts) else torch.cat([pad(r.junior_logps_BT, 0.0) for r in parts])
+
+    def cat_opt(name: str, value=None):  # an optional record survives only if every part has it
+        xs = [getattr(r, name) for r in parts]
+        if any(x is None for x in xs):
+            return None
+        return torch.cat([pad(x, value) if value is not None else x for x in xs])
     return Rollout(
         prompt_ids_BP=torch.cat([lpad(r.prompt_ids_BP, pad_token_id) for r in parts]),
         prompt_mask_BP=torch.cat([lpad(r.prompt_mask_BP, 0) for r in parts]),
@@ -411,4 +443,6 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         rounds_B=torch.cat([r.rounds_B for r in parts]),
         finished_B=torch.cat([r.finished_B for r in parts]),
         schedule=parts[0].schedule,
+        turn_author_BT=cat_opt("turn_author_BT", -1), decisions_B=cat_opt("decisions_B"),
+        senior_decisions_B=cat_opt("senior_decisions_B"),
     )

@@ -204,6 +204,7 @@ class _Chain:
     sched: SequenceSchedule
     ids: list[int] = field(default_factory=list)
     owner: list[int] = field(default_factory=list)
+    turn: list[int] = field(default_factory=list)  # the schedule's decisions (Rollout.turn_author_BT)
     done: bool = False
     eos: bool = False
     requests: int = 0
@@ -320,6 +321,7 @@ def _walk(c: _Chain, toks: list[int], eos: set[int], budget: int, max_rounds: in
         author = c.sched.author
         c.ids.append(tok)
         c.owner.append(int(author))
+        c.turn.append(c.sched.decision())
         if tok in eos:
             c.done = c.eos = True
             return
@@ -336,4 +338,5 @@ def _walk(c: _Chain, toks: list[int], eos: set[int], budget: int, max_rounds: in
 def _to_rollout(chains: list[_Chain], prompts: PromptBatch, pad: int, schedule: str, max_rounds: int | None) -> Rollout:
     return rollout_from_rows(prompts.ids_BP, prompts.mask_BP, [c.ids for c in chains], [c.owner for c in chains],
                              pad_token_id=pad, rounds=[c.sched.rounds for c in chains],
-                             finished=[c.eos for c in chains], max_rounds=max_rounds, schedule=schedule)
+                             finished=[c.eos for c in chains], max_rounds=max_rounds, schedule=schedule,
+                             turn=[c.turn for c in chains])

@@ -76,6 +76,7 @@ class Row:
     sched: SequenceSchedule
     ids: list[int] = field(default_factory=list)
     owner: list[int] = field(default_factory=list)
+    turn: list[int] = field(default_factory=list)  # the schedule's decisions (Rollout.turn_author_BT)
     done: bool = False
     eos: bool = False
     requests: int = 0
@@ -285,6 +286,7 @@ class TurnDriver:
         author = row.sched.author
         row.ids.append(int(tok))
         row.owner.append(int(author))
+        row.turn.append(row.sched.decision())
         self.stats["tokens"] += 1
         row.sched.feed(int(tok))  # the coin after token t is draw t + 1 (as the in-process engine)
         switched = row.sched.author != author
@@ -335,7 +337,8 @@ def generate_turns(engine, prompts: PromptBatch, schedule: Schedule, sampling: S
         engine.turn_totals[k] = engine.turn_totals.get(k, 0) + stats[k]
     return rollout_from_rows(prompts.ids_BP, prompts.mask_BP, [r.ids for r in rows], [r.owner for r in rows],
                              pad_token_id=engine.pad, rounds=[r.rounds for r in rows],
-                             finished=[r.eos for r in rows], max_rounds=max_rounds, schedule=schedule.name)
+                             finished=[r.eos for r in rows], max_rounds=max_rounds, schedule=schedule.name,
+                             turn=[r.turn for r in rows])
 
 
 def step_engine(llm):

@@ -113,6 +113,9 @@ def _senior_map(value) -> dict[str, str]:
 
 def resolve_options(args: argparse.Namespace) -> EvalOptions:
     """Merge flags > ``--config`` file > defaults, and check them."""
+    import typing
+
+    from tandem_rlvr import preflight
     from tandem_rlvr.config import ConfigError
 
     merged = dict(DEFAULTS)
@@ -121,8 +124,9 @@ def resolve_options(args: argparse.Namespace) -> EvalOptions:
     for key in ("senior", "junior", "benchmark"):
         if not merged[key]:
             raise ConfigError(f"eval needs --{key} (or {key}: in the --config file)")
+    merged = preflight.typed_eval_values(merged, typing.get_type_hints(EvalOptions) | {"curve": bool})
     ps = merged.pop("curve_ps")
-    ps = [float(x) for x in (ps.split(",") if isinstance(ps, str) else ps)] if merged.pop("curve") else []
+    ps = preflight.parse_curve_ps(ps) if merged.pop("curve") else []
     bench = merged.pop("benchmark")
     juniors = _senior_map(merged["junior"])
     merged["junior"] = next(iter(juniors.values()))
@@ -321,12 +325,14 @@ def run_eval(opts: EvalOptions) -> dict:
     from tandem_rlvr.evaluation.report import write_eval_report
     from tandem_rlvr.evaluation.evaluate import open_scorer
     from tandem_rlvr.evaluation.matrix import write_matrix_report
+    from tandem_rlvr import preflight
 
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = _device_dtype(opts)
     benches = _load_benchmarks(opts)
     juniors = opts.juniors or {Path(opts.junior.rstrip("/")).name or opts.junior: opts.junior}
+    preflight.check_eval(opts, juniors)  # every model's config and tokenizer, the output directory: before any forward pass
     t0 = time.perf_counter()
     results, pairs = {}, {}
     with open_scorer(opts.reward, opts.reward_timeout_s, opts.reward_workers) as scorer:
@@ -355,7 +361,15 @@ def run_eval(opts: EvalOptions) -> dict:
     atomic_write_json(out / "eval.json", obj)
     write_eval_report(out, results, settings)
     write_matrix_report(out, matrix)
+    _write_eval_html(out, benches)
     return obj
+
+
+def _write_eval_html(out: Path, benches: dict) -> None:
+    """``eval.html`` beside ``eval.md``: the tables, plots and a browser over the saved chains."""
+    from tandem_rlvr.evaluation.html import eval_html
+
+    eval_html(out, {b: {str(e.id): e.problem for e in ex} for b, (_, ex) in benches.items()})
 
 
 def _matrix(results: dict, pairs: dict) -> dict:
@@ -376,5 +390,5 @@ def run_from_args(args: argparse.Namespace) -> int:
     obj = run_eval(opts)
     results = obj.get("pairs") or obj.get("seniors") or {obj["senior"]: obj}
     print(seniors_table(results))
-    print(f"wrote {Path(opts.out) / 'eval.json'}, eval.md, plots and chains/ under {opts.out}")
+    print(f"wrote {Path(opts.out) / 'eval.json'}, eval.md, eval.html, plots and chains/ under {opts.out}")
     return 0

@@ -245,7 +245,7 @@ class RewardScorer:
     ) -> tuple[list[float], dict[str, float]]:
         """Score completions against golds; return (rewards, stats).
 
-        ``stats`` (floats): ``reward/n``, ``reward/correct``, ``reward/mean``, ``reward/seconds`` and the
+        ``stats`` (floats): ``reward/n``, ``reward/correct``, ``reward/mean``, ``time/reward_check_s`` (wall-clock seconds) and the
         counts ``reward/timeouts``, ``reward/errors``, ``reward/no_box``, ``reward/too_long``,
         ``reward/truncated``, ``reward/worker_restarts`` (and ``reward/bad_gold`` for an empty gold);
         :attr:`totals` accumulates the counts. Identical (gold, answer) pairs are checked once.
@@ -261,8 +261,8 @@ class RewardScorer:
                 raise RuntimeError("RewardScorer is closed")
             t0 = time.perf_counter()
             rewards, stats = self._score_locked(kind, completions, golds, limit)
-            stats["reward/seconds"] = time.perf_counter() - t0
-        self.totals.update({k: v for k, v in stats.items() if k not in ("reward/mean", "reward/seconds")})
+            stats["time/reward_check_s"] = time.perf_counter() - t0
+        self.totals.update({k: v for k, v in stats.items() if k.startswith("reward/") and k != "reward/mean"})
         return rewards, stats
 
     def _score_locked(

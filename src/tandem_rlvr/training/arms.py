@@ -50,8 +50,11 @@ def loss_mask(rollout: Rollout, plan: ArmPlan) -> torch.Tensor:
 
 
 def check_senior_frac(frac: float, cfg: Config) -> None:
-    """Stop when a tandem step's senior token share leaves the configured band."""
-    lo, hi = cfg.senior_band()
+    """Stop when a tandem step's senior token share leaves ``algo.senior_frac_band`` (when one is set)."""
+    band = cfg.senior_band()
+    if band is None:
+        return
+    lo, hi = band
     if not lo <= frac <= hi:
         raise TandemError(
             f"senior token fraction {frac:.3f} is outside algo.senior_frac_band [{lo:.2f}, {hi:.2f}] "

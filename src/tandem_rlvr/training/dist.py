@@ -8,7 +8,7 @@ import torch
 
 # reward-scorer statistics that are counts (summed over processes); other metrics are averaged
 COUNT_SUFFIXES = ("/n", "/timeouts", "/no_box", "/errors", "/too_long", "/truncated", "/worker_restarts",
-                  "/correct", "/seconds")
+                  "/correct")
 
 
 UNSUPPORTED = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")  # every DDP-style type (NO, MULTI_*) is supported

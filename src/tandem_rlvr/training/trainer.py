@@ -18,11 +18,14 @@ import numpy as np
 import torch
 
 from tandem_rlvr.training import checkpoint as ckpt_mod
+from tandem_rlvr import preflight
 from tandem_rlvr.training import core, dist, fsdp, preempt, rundir
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.io import append_jsonl
+from tandem_rlvr.training.ownership import check_ownership
+from tandem_rlvr.trackers import flat_config
 from tandem_rlvr.rewards import import_reward
 from tandem_rlvr.training.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask, sequence_logps  # noqa: F401 (API)
 from tandem_rlvr.engines.base import PromptBatch
@@ -37,9 +40,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False,
                  text_metrics=None, vllm_engine=None):
-        """``pair``/``examples`` override loading from the config; ``reward_fn(completion, gold)`` replaces
-        the configured verifier (scored in-process); ``text_metrics(texts) -> dict`` adds rollout metrics;
-        ``vllm_engine`` replaces the engines ``rollout.engine=vllm`` would start."""
+        """``pair``/``examples`` override loading from the config; ``reward_fn(completion, gold)`` replaces the verifier
+        (in-process); ``text_metrics(texts) -> dict`` adds rollout metrics; ``vllm_engine`` replaces vLLM's engines."""
         from accelerate import Accelerator
 
         from tandem_rlvr.models import eos_ids, load_pair
@@ -47,6 +49,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.train.out_dir)
         self.plan = arm_plan(cfg)
+        preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
         # Without an accelerator, cpu=True lets `accelerate launch` / torchrun run gloo DDP over CPU processes.
         self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
                                cpu=not torch.cuda.is_available(), kwargs_handlers=preempt.process_group_kwargs(cfg))
@@ -56,8 +59,8 @@ class Trainer:
                               "launch with accelerate launch --config_file configs/accelerate/ddp.yaml (or torchrun), "
                               "or set train.fsdp=off")
         self._prepare_run_dir_once(restart)
-        if cfg.algo.mini_batch_prompts % self.acc.num_processes:
-            raise TandemError(f"algo.mini_batch_prompts={cfg.algo.mini_batch_prompts} must be divisible by the "
+        if cfg.mini_batch_prompts() % self.acc.num_processes:
+            raise TandemError(f"algo.mini_batch_prompts={cfg.mini_batch_prompts()} must be divisible by the "
                               f"number of processes ({self.acc.num_processes}) so each owns whole prompt groups")
         _seed_everything(cfg.train.seed)
         self.pair = pair if pair is not None else load_pair(cfg.model)
@@ -124,8 +127,9 @@ class Trainer:
         self.nonfinite_run = int(state.get("nonfinite_run", 0))
         self.best = state.get("best", self.best)
         self._push_to_engine()
-        if self.acc.is_main_process:
+        if self.acc.is_main_process:  # a kill between publishing a checkpoint and pruning left extras
             rundir.truncate_metrics(self.run_dir, self.step)
+            ckpt_mod._prune(self.run_dir / "checkpoints", self.cfg.train.keep_last)
         log.info("resumed from %s at step %d", self.resume_from, self.step)
 
     # -- one step -------------------------------------------------------------------------------
@@ -146,7 +150,7 @@ class Trainer:
         Each PPO mini-batch of ``mini_batch_prompts`` prompts is split evenly over the processes, so
         every process owns whole groups (advantages stay local) and a mini-batch spans all processes.
         """
-        k, n, r = self.cfg.algo.mini_batch_prompts, self.acc.num_processes, self.acc.process_index
+        k, n, r = self.cfg.mini_batch_prompts(), self.acc.num_processes, self.acc.process_index
         share = k // n
         order = self._step_prompts(step)
         return [(g, order[g]) for m in range(0, len(order), k) for g in range(m + r * share, m + (r + 1) * share)]
@@ -218,7 +222,7 @@ class Trainer:
         mask = loss_mask(rollout, plan)
         metrics = self._drift_metrics(old, junior_lp, rollout)
         senior.train()
-        mb = cfg.algo.mini_batch_prompts * G // self.acc.num_processes
+        mb = cfg.mini_batch_prompts() * G // self.acc.num_processes
         acc_metrics: list[dict] = []
         for _ in range(cfg.algo.ppo_epochs):
             for m in range(0, rollout.batch_size, mb):
@@ -293,6 +297,10 @@ class Trainer:
         t0 = time.perf_counter()
         rollout, idx = self.rollout(step)
         t1 = time.perf_counter()
+        owned = {}
+        if self.plan.mask_owner:  # fail closed on a lost or wrong ownership mask (tandem_rlvr.training.ownership)
+            owned = check_ownership(rollout, self.cfg.handoff.schedule, self.cfg.handoff.p, self.cfg.rollout.max_new_tokens,
+                                    reduce=lambda v: dist.reduce_scalar(self.acc, v, "sum"))
         senior_tok = float((rollout.owner_BT * rollout.response_mask_BT).sum())
         frac = dist.reduce_scalar(self.acc, senior_tok, "sum") / max(
             1.0, dist.reduce_scalar(self.acc, float(rollout.response_mask_BT.sum()), "sum"))
@@ -321,7 +329,7 @@ class Trainer:
         })
         all_r = self.acc.gather(rewards.to(self.acc.device)).float()
         row = dist.reduce_row(self.acc, row)
-        row.update({"rollout/senior_token_frac": frac, "reward/mean": float(all_r.mean()),
+        row.update({**owned, "rollout/senior_token_frac": frac, "reward/mean": float(all_r.mean()),
                     "reward/std": float(all_r.std()) if all_r.numel() > 1 else 0.0})
         return row
 
@@ -333,7 +341,7 @@ class Trainer:
         self._resume()
         cfg = self.cfg
         if self.acc.is_main_process and cfg.train.trackers:
-            self.acc.init_trackers("tandem-rlvr", config=cfg.to_dict())
+            self.acc.init_trackers("tandem-rlvr", config=flat_config(cfg.to_dict()))
         bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"train {cfg.algo.arm}",
                    disable=not (cfg.train.progress and self.acc.is_main_process), dynamic_ncols=True)
         guard = preempt.RunGuard(self)  # signals, watchdog, heartbeats: see tandem_rlvr.training.preempt

@@ -1,0 +1,66 @@
+"""The demo's curves of the senior *alone* during training.
+
+The training curves of the ``trlvr`` arm are measured on team chains (co-written with the junior),
+which hide the senior's own style. Every few steps the demo's trainer instead samples the senior
+alone on a small, fixed validation split (same problems and seed at every step and in every run)
+and logs ``senior/solo_pass@1``, ``senior/jargon_rate``, ``senior/kl_exact`` (per-token
+KL(senior ‖ junior) on those chains, full vocabulary) and ``senior/junior_ce``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem_rlvr.training.trainer import Trainer
+
+VAL_SEED = 4242  # one seed for every step and run: the points differ only by the senior
+
+
+def senior_alone(senior, junior, tok, examples, scorer, *, n: int, max_new_tokens: int) -> dict:
+    """Solo chains of ``senior`` on ``examples`` (``n`` each, evaluation decoding): accuracy, jargon
+    rate, and the junior's view of them (exact KL and CE, teacher-forced)."""
+    from tandem_rlvr.data import encode_prompts
+    from tandem_rlvr.evaluation.evaluate import chain_scores, eval_sampling
+    from tandem_rlvr.engines.handoff import make_schedule
+    from tandem_rlvr.models import eos_ids
+    from tandem_rlvr.engines.rollout import generate
+    from tandem_rlvr.world.problems import jargon_rate
+
+    keep, prompts = encode_prompts(tok, examples, max_prompt_tokens=256, what="senior-alone validation")
+    rows = [i for i in range(len(prompts)) for _ in range(n)]
+    width = max(len(prompts[i]) for i in rows)
+    ids_BP = torch.full((len(rows), width), int(tok.pad_token_id), dtype=torch.long)
+    mask_BP = torch.zeros_like(ids_BP)
+    for r, i in enumerate(rows):  # left padding
+        ids_BP[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
+        mask_BP[r, width - len(prompts[i]):] = 1
+    was_training = senior.training
+    senior.eval()
+    try:
+        with torch.no_grad():
+            ro = generate(senior, junior, ids_BP, mask_BP, make_schedule("none"), eval_sampling(max_new_tokens),
+                          eos_token_ids=eos_ids(tok, senior), pad_token_id=tok.pad_token_id, seed=VAL_SEED,
+                          record_junior=False)
+            scores = chain_scores(senior, junior, ro)
+    finally:
+        senior.train(was_training)
+    texts = ro.texts(tok)
+    rewards, _ = scorer.score(texts, [str(examples[keep[i]].answer) for i in rows])
+    return {"senior/solo_pass@1": sum(float(r) for r in rewards) / len(rewards),
+            "senior/jargon_rate": jargon_rate(texts),
+            "senior/kl_exact": float(scores["kl_exact"].mean()),
+            "senior/junior_ce": float(scores["junior_ce"].mean())}
+
+
+class DemoTrainer(Trainer):
+    """The library's trainer whose periodic validation (``val.every``) is :func:`senior_alone`."""
+
+    def __init__(self, cfg, *, val_examples, scorer, val_n: int, **kw):
+        super().__init__(cfg, **kw)
+        self._val = (val_examples, scorer, val_n)
+
+    def validate(self) -> dict:
+        examples, scorer, n = self._val
+        senior = self.acc.unwrap_model(self.senior)
+        return senior_alone(senior, self.pair.junior, self.tok, examples, scorer, n=n,
+                            max_new_tokens=self.cfg.rollout.max_new_tokens)

@@ -1,0 +1,121 @@
+"""Checks of every cheaply checkable input before the first forward pass of ``train``, ``eval`` and ``demo``.
+
+A typo in the second of three seniors, a benchmark file that is not there or an output directory
+that cannot be written should stop a command in seconds, not after minutes of work on the inputs
+that were fine. Each check reads configs and tokenizer files only (no weights) and raises the same
+one-line errors the loaders raise.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.models import WORLD_MODELS, ModelLoadError, check_tokenizers, load_tokenizer
+
+
+def check_writable(directory: str | Path, what: str) -> None:
+    """Create ``directory`` if needed and write (then remove) a scratch file in it."""
+    d = Path(directory).expanduser()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".write-check-", dir=d)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise TandemError(f"{what} {str(directory)!r} is not a writable directory: {e.strerror or e}") from None
+
+
+def check_model(name: str, role: str, trust_remote_code: bool = False):
+    """The model's config is readable and its tokenizer loads; returns the tokenizer (None for the world aliases)."""
+    from transformers import AutoConfig
+
+    from tandem_rlvr.models import _check_exists, _why
+
+    if name in WORLD_MODELS:  # built (or found in the cache) by the command itself
+        return None
+    _check_exists(name, role)
+    path = str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
+    try:
+        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:  # transformers raises many types here
+        raise ModelLoadError(f"could not read the {role} model config from {name!r}: {_why(e, name)}") from None
+    return load_tokenizer(name, trust_remote_code=trust_remote_code, role=role)
+
+
+def check_eval(opts, juniors: dict[str, str]) -> None:
+    """``tandem-rlvr eval``: every senior and junior loads its config and tokenizer, and the output
+    directory is writable (benchmarks are loaded before this; pairs of different tokenizers are
+    evaluated through the text bridge, so tokenizers need not agree)."""
+    check_writable(opts.out, "eval --out")
+    trc = opts.trust_remote_code
+    for name, path in juniors.items():
+        check_model(path, f"junior {name!r}" if len(juniors) > 1 else "junior", trc)
+    for name, path in opts.seniors.items():
+        check_model(path, f"senior {name!r}", trc)
+
+
+def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = True) -> None:
+    """``tandem-rlvr train``: trackers, output directory, models (configs and tokenizers), tokenizer agreement,
+    the reward function, and the training and validation data (each part unless the caller supplies it)."""
+    from tandem_rlvr.data import load_examples
+    from tandem_rlvr.rewards import import_reward
+
+    from tandem_rlvr.trackers import check_trackers
+
+    check_trackers(cfg.train.trackers)
+    check_writable(cfg.train.out_dir, "train.out_dir")
+    m, d = cfg.model, cfg.data
+    if models:
+        tok = check_model(m.senior, "senior", m.trust_remote_code)
+        if not m.self_paired:
+            jtok = check_model(m.junior, "junior", m.trust_remote_code)
+            if tok is not None and jtok is not None and not m.bridge:
+                check_tokenizers(tok, jtok, m.senior, m.junior)
+    if reward:
+        import_reward(d.reward)
+    if data:
+        load_examples(d.train, d.train_split, problem_key=d.problem_key, answer_key=d.answer_key, limit=1)
+    if cfg.val.data and cfg.val.every:
+        load_examples(cfg.val.data, cfg.val.split, problem_key=d.problem_key, answer_key=d.answer_key, id_key="id",
+                      limit=1)
+
+
+def check_demo(out_dir: str | Path, *, junior: str, seeds: int | None, workers: int | None) -> None:
+    """``tandem-rlvr demo``: the output directory and the run's numbers, before the world is built."""
+    check_writable(out_dir, "demo --out")
+    if junior not in ("weak", "self"):  # weak: the world's junior; self: a frozen copy of the senior
+        raise TandemError(f"demo junior must be weak or self, got {junior!r}")
+    if seeds is not None and seeds < 1:
+        raise TandemError(f"demo --seeds must be >= 1, got {seeds}")
+    if workers is not None and workers < 1:
+        raise TandemError(f"demo workers must be >= 1, got {workers}")
+
+
+# -- eval options: the values of flags and of the --config file, typed with one-line errors --------------
+def parse_curve_ps(value) -> list[float]:
+    """``--curve-ps 1.0,0.5`` (or a YAML list) → floats in [0, 1]; anything else is a one-line ConfigError."""
+    from tandem_rlvr.config import ConfigError
+
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        ps = [float(x) for x in items]
+    except (TypeError, ValueError):
+        raise ConfigError(f"eval --curve-ps must be comma-separated numbers in [0, 1] (e.g. 1.0,0.5), got {value!r}") from None
+    if not ps or not all(0.0 <= p <= 1.0 for p in ps):
+        raise ConfigError(f"eval --curve-ps values must lie in [0, 1], got {value!r}")
+    return ps
+
+
+def typed_eval_values(merged: dict, option_types: dict) -> dict:
+    """Each value of ``merged`` with the type of its :class:`~tandem_rlvr.config.EvalOptions` field
+    (a --config file's ``n: abc`` is a one-line error naming the key, as bad flags are)."""
+    from tandem_rlvr.config import _coerce
+
+    out = dict(merged)
+    for key, value in merged.items():
+        if key in option_types and key not in ("senior", "junior", "benchmark", "curve_ps") and value is not None:
+            out[key] = _coerce(value, option_types[key], f"eval {key.replace('_', '-')}")
+    return out
