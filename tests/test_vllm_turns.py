@@ -19,6 +19,7 @@ import torch
 from test_vllm import (ENGINE_MODES, GLUE_NL, PROBLEMS, _assert_same, _in_process, _model, _shutdown,  # noqa: F401
                        batch, real_llms)
 
+from tandem_rlvr.config import ConfigError
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import CoinStream, SequenceSchedule, make_schedule, simulate
 from tandem_rlvr.engines.rollout import Sampling
@@ -351,10 +352,9 @@ def test_pushed_weights_go_to_disk_when_shared_memory_is_small(monkeypatch):
 def test_multiprocess_engines_need_one_training_process(tmp_path, monkeypatch):
     from tandem_rlvr.engines import vllm_backend
 
-    cfg = _train_cfg(tmp_path, "mp")
-    cfg = SimpleNamespace(**{**vars(cfg), "rollout": SimpleNamespace(**{**vars(cfg.rollout), "vllm_processes": True})})
+    cfg = _train_cfg(tmp_path, "mp", "rollout.vllm_processes=true")
     made = []
-    with pytest.raises(ValueError, match="rollout.vllm_processes=true needs one training process, got 2"):
+    with pytest.raises(ConfigError, match="rollout.vllm_processes=true needs one training process, got 2"):
         vllm_backend.training_engine(cfg, uses_junior=True, eos_token_ids=[0], pad_token_id=0, num_processes=2,
                                      make=lambda p, **kw: made.append(kw))
     assert not made
@@ -362,6 +362,28 @@ def test_multiprocess_engines_need_one_training_process(tmp_path, monkeypatch):
     llms = vllm_backend.training_engine(cfg, uses_junior=True, eos_token_ids=[0], pad_token_id=0,
                                         make=lambda p, **kw: made.append(kw) or p)
     assert len(llms) == 2 and len(made) == 2 and all(kw["processes"] for kw in made)
+
+
+@pytest.mark.parametrize("on_cpu", [True, False])
+def test_vllm_processes_config_places_each_engine(tmp_path, monkeypatch, on_cpu):
+    """rollout.vllm_processes=true: both engines get processes=True and, on the CPU backend, disjoint cores;
+    off (the default): neither does."""
+    from tandem_rlvr.engines import vllm_backend, vllm_procs
+
+    monkeypatch.setattr(vllm_backend, "_on_cpu", lambda: on_cpu)
+    monkeypatch.setattr(vllm_backend, "_require_vllm", lambda: SimpleNamespace(SamplingParams=dict))
+    monkeypatch.setattr(vllm_procs, "cpu_binds", lambda n: ["0", "1"][:n])
+    for over, want in ((["rollout.vllm_processes=true"], True), ([], False)):
+        made = []
+        vllm_backend.training_engine(_train_cfg(tmp_path, "p", *over), uses_junior=True, eos_token_ids=[0],
+                                     pad_token_id=0, make=lambda p, **kw: made.append(kw) or SimpleNamespace())
+        placed = [{k: kw[k] for k in ("processes", "cpu_bind") if k in kw} for kw in made]
+        if not want:
+            assert placed == [{}, {}]
+        elif on_cpu:
+            assert placed == [{"processes": True, "cpu_bind": "0"}, {"processes": True, "cpu_bind": "1"}]
+        else:
+            assert placed == [{"processes": True}, {"processes": True}]
 
 
 # -- the trainer on word turns; faults ------------------------------------------------------------------------

@@ -172,3 +172,24 @@ def test_evaluation_samples_solo_and_handoff_chains_on_the_engines(tokenizer, mo
     assert ref["handoff_rounds"] > 1, "the fixture must hand off"
     assert got == ref
     assert got_chains == ref_chains
+
+
+def test_eval_vllm_processes_flag_places_senior_and_junior_engines(monkeypatch):
+    """``tandem-rlvr eval --engine vllm --vllm-processes``: each engine's core in a process of its own, the
+    senior's and the junior's on different CPU cores; without the flag both in this process."""
+    from tandem_rlvr.cli import build_parser
+    from tandem_rlvr.engines import vllm_backend, vllm_procs
+    from tandem_rlvr.evaluation import eval_cli
+
+    monkeypatch.setattr(vllm_backend, "_on_cpu", lambda: True)
+    monkeypatch.setattr(vllm_procs, "cpu_binds", lambda n: ["0", "1"][:n])
+    made = []
+    monkeypatch.setattr(vllm_backend, "make_llm", lambda path, **kw: made.append(kw))
+    base = ["eval", "--senior", "s", "--junior", "j", "--benchmark", "gsm8k", "--engine", "vllm"]
+    for flags, want in ((["--vllm-processes"], [{"processes": True, "cpu_bind": "0"}, {"processes": True, "cpu_bind": "1"}]),
+                        ([], [{}, {}])):
+        made.clear()
+        opts = eval_cli.resolve_options(build_parser().parse_args(base + flags))
+        assert opts.vllm_processes is bool(flags)
+        eval_cli._vllm_llm(opts, "s", "float32", 0), eval_cli._vllm_llm(opts, "j", "float32", 1)
+        assert [{k: kw[k] for k in ("processes", "cpu_bind") if k in kw} for kw in made] == want

@@ -82,6 +82,7 @@ class RolloutConfig:
     vllm_memory: float = _f(0.3, "Share of the accelerator's memory each vLLM engine may take (senior and junior engines share the device with training).")
     vllm_timeout_s: float = _f(600.0, "Stop the run (the last checkpoint is kept) when a vLLM engine step does not answer within this many seconds.")
     vllm_in_flight: int = _f(0, "Most vLLM requests in flight at once for word/bernoulli/chunk turns (0 = every rollout of the engine call).")
+    vllm_processes: bool = _f(False, "Run each vLLM engine's core (scheduler and model) in a process of its own, so the senior's and junior's engines decode at the same time (word/bernoulli/chunk turns); weights are pushed through a safetensors file; on CPUs each engine gets its own cores. Needs a single training process; off: both engines in the trainer's process, stepped in turn.")
 
 
 @dataclass
@@ -185,6 +186,7 @@ class EvalOptions:
     engine: str = _f("hf", "Sampler of the chains: hf (in-process) or vllm (every chain, the word-handoff curve too, on vLLM engines; needs tandem-rlvr[vllm] and one vocabulary).")
     mode: str = _f("lockstep", "In-process engine mode, as rollout.mode: lockstep or catchup (same chains).")
     vllm_memory: float = _f(0.3, "Share of the GPU each vLLM engine may take.")
+    vllm_processes: bool = _f(False, "As rollout.vllm_processes: each vLLM engine's core in a process of its own (senior and junior decode at once).")
 
 
 def eval_default(name: str) -> Any:

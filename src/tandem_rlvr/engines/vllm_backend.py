@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tandem_rlvr.errors import ConfigError
 from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import VLLM
 from tandem_rlvr.engines.handoff import Schedule, SequenceSchedule
@@ -171,28 +172,30 @@ def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad
 
     m, r = cfg.model, cfg.rollout
     make = make or make_llm
-    processes = bool(getattr(r, "vllm_processes", False))
+    processes = r.vllm_processes
     kw = dict(dtype=m.dtype, gpu_memory_utilization=r.vllm_memory, seed=cfg.train.seed,
               max_model_len=r.max_prompt_tokens + r.max_new_tokens, trust_remote_code=m.trust_remote_code)
     if num_processes > 1 and processes:
-        raise ValueError(f"rollout.vllm_processes=true needs one training process, got {num_processes}: "
+        raise ConfigError(f"rollout.vllm_processes=true needs one training process, got {num_processes}: "
                          "vLLM's external_launcher executor runs the engine core in the training process")
     if num_processes > 1:
         kw["distributed_executor_backend"] = "external_launcher"
-    if processes:
-        kw["processes"] = True
-    binds = vp.cpu_binds(2 if uses_junior else 1) if processes and _on_cpu() else [None, None]
     senior_path = resolve_name(m.senior)
-    senior = make(senior_path, **kw, **_bind(binds[0]))
+    senior = make(senior_path, **kw, **engine_placement(processes, 0, 2 if uses_junior else 1))
     junior = None
     if uses_junior:
-        junior = make(senior_path if m.self_paired else resolve_name(m.junior), **kw, **_bind(binds[1]))
+        junior = make(senior_path if m.self_paired else resolve_name(m.junior), **kw, **engine_placement(processes, 1, 2))
     return VLLMEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                       timeout_s=r.vllm_timeout_s, max_in_flight=r.vllm_in_flight)
 
 
-def _bind(cpus: str | None) -> dict:
-    return {} if cpus is None else {"cpu_bind": cpus}
+def engine_placement(processes: bool, index: int, n_engines: int) -> dict:
+    """:func:`make_llm` arguments of engine ``index`` of ``n_engines`` (senior 0, junior 1): with
+    ``processes`` its core in a process of its own and, on the CPU backend, cores of its own."""
+    if not processes:
+        return {}
+    binds = vp.cpu_binds(n_engines) if _on_cpu() else [None] * n_engines
+    return {"processes": True, **({} if binds[index] is None else {"cpu_bind": binds[index]})}
 
 
 # -- generation --------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
         a("--" + name.replace("_", "-"), type=kind, default=None, help=_h(name))
     a("--engine", choices=ENGINES, default=None, help=_h("engine"))
     a("--mode", choices=MODES, default=None, help=_h("mode"))
+    a("--vllm-processes", dest="vllm_processes", action="store_const", const=True, default=None, help=_h("vllm_processes"))
     a("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True, default=None,
       help=_h("trust_remote_code"))
     a("--no-progress", dest="progress", action="store_const", const=False, default=None, help="no progress bars")
@@ -244,12 +245,13 @@ def _pair_kwargs(opts: EvalOptions) -> dict:
                 progress=opts.progress, keep_chains=False)
 
 
-def _vllm_llm(opts: EvalOptions, path: str, dtype: str):
-    """A vLLM engine over ``path`` for ``--engine vllm``."""
-    from tandem_rlvr.engines.vllm_backend import make_llm
+def _vllm_llm(opts: EvalOptions, path: str, dtype: str, index: int = 0):
+    """A vLLM engine over ``path`` for ``--engine vllm`` (``index``: 0 a senior's, 1 the junior's)."""
+    from tandem_rlvr.engines.vllm_backend import engine_placement, make_llm
 
     return make_llm(path, dtype=dtype, gpu_memory_utilization=opts.vllm_memory, seed=opts.seed,
-                    max_model_len=opts.context, trust_remote_code=opts.trust_remote_code)
+                    max_model_len=opts.context, trust_remote_code=opts.trust_remote_code,
+                    **engine_placement(opts.vllm_processes, index, 2))
 
 
 def _engine(opts: EvalOptions, path: str, dtype: str, junior_llm, tok, senior, junior):
@@ -340,7 +342,7 @@ def run_eval(opts: EvalOptions) -> dict:
             trc, role = opts.trust_remote_code, f"junior {jname!r}" if len(juniors) > 1 else "junior"
             junior_tok = load_tokenizer(jpath, trust_remote_code=trc, role=role)
             junior = freeze(load_causal_lm(jpath, dtype=dtype, trust_remote_code=trc, role=role)).to(device)
-            junior_llm = _vllm_llm(opts, jpath, dtype) if opts.engine == "vllm" else None
+            junior_llm = _vllm_llm(opts, jpath, dtype, 1) if opts.engine == "vllm" else None
             for name, path in opts.seniors.items():
                 label = f"{name}+{jname}" if len(juniors) > 1 else name
                 results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, junior_llm,
