@@ -274,3 +274,72 @@ def test_non_finite_gradients_skip_the_update_and_count_in_a_row(tmp_path, token
         p.grad = torch.full_like(p, 1e-3)
     assert math.isfinite(tr._clip_and_step()) and tr.nonfinite_run == 0
     assert all(not torch.equal(a, p) for a, p in zip(before, params))
+    assert all(p.grad is None for p in params)  # gradients freed after the step
+
+
+def test_advantages_default_eps_dtype_and_empty_batch():
+    from tandem_rlvr.training import core
+
+    adv, _ = core.group_advantages(torch.tensor([1.0, 0.0, 0.0]), 3)  # std = sqrt(1/3), mean 1/3
+    s = math.sqrt(1 / 3)
+    assert adv.tolist() == pytest.approx([(2 / 3) / (s + 1e-6), (-1 / 3) / (s + 1e-6), (-1 / 3) / (s + 1e-6)], rel=1e-6)
+    assert core.group_advantages(torch.tensor([1.0, 0.0], dtype=torch.float64), 2)[0].dtype == torch.float64
+    assert core.group_advantages(torch.tensor([1, 0]), 2)[0].dtype == torch.float32
+    with pytest.raises(ValueError, match="positive multiple"):
+        core.group_advantages(torch.zeros(0), 2)
+
+
+def test_token_logps_at_temperature_two():
+    from tandem_rlvr.training import core
+
+    logits = torch.tensor([[[1.0, 3.0, -2.0], [0.5, 0.0, 4.0]]])
+    ids = torch.tensor([[1, 2]])
+    want = torch.log_softmax(logits / 2.0, -1).gather(-1, ids[..., None])[..., 0]
+    assert torch.allclose(core.token_logps(logits, ids, temperature=2.0), want)
+
+
+def test_aggregate_accepts_the_smallest_positive_counts():
+    from tandem_rlvr.training import core
+
+    v, m = torch.tensor([[2.0, 4.0]]), torch.tensor([[1, 0]])
+    assert float(core.aggregate(v, m, "dr_grpo", max_len=1)) == pytest.approx(2.0)
+    assert float(core.aggregate(v, m, "dapo", num_tokens=1)) == pytest.approx(2.0)
+
+
+def test_policy_loss_kl_term_is_plain_by_default_and_dr_grpo_uses_max_len():
+    """ratio != 1: the default KL term is beta * k3 (not ratio * k3); dr_grpo divides by B * max_len."""
+    from tandem_rlvr.training import core
+
+    lp, old, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.tensor([[-0.5, -2.5]])
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 2)
+    r = torch.exp(lp - old)
+    pg = -torch.minimum(r * 1.0, r.clamp(0.8, 1.2) * 1.0)
+    k3 = torch.exp(ref - lp) - (ref - lp) - 1
+    got, _ = core.policy_loss(lp, old, adv, mask, loss_type="dapo", kl_beta=0.1, ref_logps_BT=ref)
+    assert float(got) == pytest.approx(float((pg + 0.1 * k3).sum() / 2), rel=1e-6)
+    got, _ = core.policy_loss(lp, old, adv, mask, loss_type="dr_grpo", max_len=10)
+    assert float(got) == pytest.approx(float(pg.sum() / 10), rel=1e-6)
+
+
+def test_an_empty_mask_allowed_is_an_exact_zero_with_zero_gradient():
+    from tandem_rlvr.training import core
+
+    lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    loss, met = core.policy_loss(lp, lp.detach(), torch.tensor([1.0]), torch.zeros(1, 2), allow_empty=True)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and met == {} and torch.equal(lp.grad, torch.zeros(1, 2))
+
+
+def test_rounds_limits_and_schedule_defaults():
+    from tandem_rlvr.engines.handoff import CoinStream, Schedule, make_schedule, over_rounds
+
+    assert (over_rounds(3, 2), over_rounds(2, 2), over_rounds(1, None), over_rounds(0, None)) == (True, False, False, False)
+    assert bool(over_rounds(torch.tensor([0, 1, 5]), None).any()) is False
+    sch = make_schedule("chunk")
+    assert (sch.max_gap, sch.chunk_size) == (32, 16)  # the paper's K = 32
+    assert make_schedule("chunk", max_gap=1, chunk_size=1).chunk_size == 1
+    for bad in ({"max_gap": 0}, {"chunk_size": 0}):
+        with pytest.raises(ValueError, match="max_gap and chunk_size must be >= 1"):
+            make_schedule("chunk", **bad)
+    state = Schedule("bernoulli").start(CoinStream(3, 0.5, 0))
+    assert state.gap_B.dtype == torch.long and state.rounds_B.dtype == torch.long and state.t == 0

@@ -149,3 +149,55 @@ def test_bridge_rows_with_padding_and_rows_without_turns():
     got = [row_disagreements(_bridge_like([owner[b]], [turns[b]], [senior[b]], [mask[b]])) for b in range(5)]
     assert got == [0, 1, 1, 0, 0]
     assert row_disagreements(_bridge_like(owner, turns, senior, mask)) == 2
+
+
+def _recorded(owner, turn, schedule, mask=None):
+    """A rollout whose engine recorded ``turn`` (the schedule's decisions, -1 elsewhere) and wrote ``owner``."""
+    B, T = len(owner), len(owner[0])
+    z = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.ones(B, T, dtype=torch.long) if mask is None else torch.tensor(mask)
+    turn = torch.tensor(turn)
+    return Rollout(z[:, :1], torch.ones(B, 1, dtype=torch.long), z, mask, torch.tensor(owner), z.float(), None,
+                   torch.ones(B, dtype=torch.long), torch.ones(B, dtype=torch.bool), schedule=schedule,
+                   turn_author_BT=turn, decisions_B=(turn >= 0).long().sum(-1),
+                   senior_decisions_B=(turn == 1).long().sum(-1))
+
+
+def test_token_check_of_solo_and_alternating_records():
+    """``none``: every decision must be the senior's; ``alternate``: senior first, then strictly alternating;
+    padding holds no decision; a token disagreeing with its record counts whatever the schedule."""
+    from tandem_rlvr.training.ownership import token_disagreements
+
+    pad = [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert token_disagreements(_recorded([[1, 1, 1, 0], [1, 1, 1, 1]], [[1, -1, -1, -1], [1, -1, -1, -1]], "none", pad)) == 0
+    junior_solo = _recorded([[0, 0, 0, 0], [1, 1, 1, 1]], [[0, -1, -1, -1], [1, -1, -1, -1]], "none", pad)
+    assert token_disagreements(junior_solo) == 1  # the record agrees with the mask, but none means the senior
+    wrong_token = _recorded([[1, 0, 1, 0], [1, 1, 1, 1]], [[1, -1, -1, -1], [1, -1, -1, -1]], "none", pad)
+    assert token_disagreements(wrong_token) == 1
+    alt = [[1, 1, 0, 0, 1, 1], [1, 0, 0, 1, 0, 0]]
+    turn = [[1, -1, 0, -1, 1, -1], [1, 0, -1, 1, 0, -1]]
+    assert token_disagreements(_recorded(alt, turn, "alternate")) == 0
+    assert token_disagreements(_recorded([[1, 1, 1, 1, 1, 1], alt[1]], [[1, -1, 1, -1, 1, -1], turn[1]], "alternate")) == 1
+    assert token_disagreements(_recorded([[0, 0, 1, 1, 0, 0], alt[1]], [[0, -1, 1, -1, 0, -1], turn[1]], "alternate")) == 3
+    assert token_disagreements(_recorded([[1, 1, 0, 0, 0, 1], alt[1]], [[1, -1, 0, -1, 1, -1], turn[1]], "alternate")) == 1
+
+
+def test_coin_check_boundaries(tmp_path):
+    """p = 0 or 1: one coin the other way stops the step, however many coins; a single coin is checked too;
+    the bound N is rows x budget (a share just inside it passes, one beyond it stops)."""
+    bern = lambda own: _recorded(own, own, "bernoulli")  # noqa: E731 - a decision before every token
+    with pytest.raises(TandemError, match="1 of 1 handoff coins chose the senior"):
+        check_ownership(bern([[1]]), "bernoulli", 0.0, budget=1)
+    with pytest.raises(TandemError, match="39 of 40 handoff coins"):
+        check_ownership(bern([[1] * 20, [1] * 19 + [0]]), "bernoulli", 1.0, budget=20)
+    with pytest.raises(TandemError, match="1 of 40 handoff coins"):
+        check_ownership(bern([[0] * 20, [0] * 19 + [1]]), "bernoulli", 0.0, budget=20)
+    assert check_ownership(bern([[1] * 20] * 2), "bernoulli", 1.0, budget=20)["rollout/senior_coin_frac"] == 1.0
+    rows = [[1] * 25, [1] * 25, [1] * 25, [1] * 6 + [0] * 19]  # 81 of 100 coins: 0.31 from p = 0.5
+    assert check_ownership(bern(rows), "bernoulli", 0.5, budget=100)["rollout/coins"] == 100  # tol(100, N=400) = 0.320
+    with pytest.raises(TandemError, match="81 of 100"):
+        check_ownership(bern(rows), "bernoulli", 0.5, budget=25)  # N = 100: tol = 0.309
+    with pytest.raises(TandemError, match="at 1 tokens of this step"):
+        check_ownership(_recorded([[1, 0]], [[1, -1]], "word"), "word", 0.5, budget=2)
+    with pytest.raises(TandemError, match="at 1 rows \\(text bridge: per-row check\\)"):
+        check_ownership(_bridge_like([[1, 1]], [1], [0]), "step", 0.5, budget=2)
