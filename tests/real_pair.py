@@ -39,12 +39,14 @@ def convert(gguf: Path, name: str) -> Path:
     """``CACHE/name``: the GGUF model and tokenizer as a safetensors folder (built on first use)."""
     out = CACHE / name
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        _drop_gguf_quantization(out / "config.json")  # folders converted before this fix kept the key
         return out
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    src.config.__dict__.pop("quantization_config", None)  # the weights are dequantised: no GGUF left (vLLM refuses it)
     model = type(src)(src.config)
     model.load_state_dict(src.state_dict())
     model.generation_config = src.generation_config
@@ -54,6 +56,20 @@ def convert(gguf: Path, name: str) -> Path:
     tok.save_pretrained(str(tmp))
     tmp.rename(out)
     return out
+
+
+def _drop_gguf_quantization(config_json: Path) -> None:
+    """Remove a ``quantization_config`` of method gguf from a converted folder's config (atomically)."""
+    import json
+    import os
+
+    cfg = json.loads(config_json.read_text())
+    if (cfg.get("quantization_config") or {}).get("quant_method") != "gguf":
+        return
+    del cfg["quantization_config"]
+    tmp = config_json.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+    os.replace(tmp, config_json)
 
 
 def real_pair() -> tuple[Path, Path] | None:
