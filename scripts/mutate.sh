@@ -5,7 +5,7 @@
 # Not part of CI (~40 min on 2 busy cores); a developer habit after touching these functions.
 #   bash scripts/mutate.sh             a full run from scratch (removes mutants/, mutmut's gitignored copy)
 #   bash scripts/mutate.sh --resume    only the mutants of the scope not checked yet (an interrupted run)
-#   bash scripts/mutate.sh --survivors only the surviving ones again (after adding tests that kill them)
+#   bash scripts/mutate.sh --survivors only the surviving (or untested) ones again, after adding tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYBIN=${PYBIN:-.venv/bin}

@@ -105,14 +105,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=int, default=None, help="wall time of a full mutmut run, for the report")
     ap.add_argument("--list", choices=("resume", "survivors"), help="only print the names of the mutants "
-                    "not checked yet (resume) or surviving (survivors), one a line")
+                    "not checked yet (resume) or surviving or without tests (survivors), one a line")
     ap.add_argument("--note", default="", help="a paragraph to add under the header")
     ap.add_argument("patterns", nargs="+", help="mutmut mutant-name patterns (as given to `mutmut run`)")
     args = ap.parse_args()
     results = load_results(args.patterns)
     if args.list:
-        want = "not checked" if args.list == "resume" else "survived"
-        print("\n".join(k for st in results.values() for k, s in sorted(st.items()) if s == want))
+        want = {"not checked"} if args.list == "resume" else {"survived", "no tests"}  # no tests: maybe some now
+        print("\n".join(k for st in results.values() for k, s in sorted(st.items()) if s in want))
         return 0
     took = ROOT / "mutants" / "full_run_seconds"
     if args.seconds is not None:
