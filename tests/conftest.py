@@ -49,6 +49,27 @@ def tokenizer(tokenizer_dir):
     return tok
 
 
+MUTANT_TEST_WALL_S = 30.0  # under mutmut: a test running longer than this has hung or spins (the mutant is caught)
+
+
+@pytest.fixture(autouse=True)
+def _mutant_wall_clock():
+    """Under mutmut (``MUTANT_UNDER_TEST`` names a mutant), end the test process once a test runs past
+    ``MUTANT_TEST_WALL_S``: mutmut limits only CPU time, and a mutant that makes the reward scorer wait
+    forever uses none (the slowest selected test takes ~4 s). Not armed in ordinary runs or mutmut's stats run."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if not mutant or mutant == "stats":
+        yield
+        return
+    import faulthandler
+
+    faulthandler.dump_traceback_later(MUTANT_TEST_WALL_S, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def module_scope_unless_mutating(fixture_name: str, config) -> str:
     """Scope of fixtures that run the trainer once for many tests: per module, but per test under mutmut
     (``MUTANT_UNDER_TEST`` set), which maps each test to the functions it calls and would otherwise credit
