@@ -343,3 +343,38 @@ def test_rounds_limits_and_schedule_defaults():
             make_schedule("chunk", **bad)
     state = Schedule("bernoulli").start(CoinStream(3, 0.5, 0))
     assert state.gap_B.dtype == torch.long and state.rounds_B.dtype == torch.long and state.t == 0
+
+
+def test_workers_that_cannot_start_score_errors_and_the_batch_returns(monkeypatch):
+    """No verifier process can start: each worker is tried twice per batch (start, then one retry round),
+    the batch returns at once with every check scored 0 and counted as an error; failed starts are not
+    counted as restarts of a working worker."""
+    import time
+
+    from tandem_rlvr.rewards import RewardScorer, workers
+
+    attempts = []
+
+    def no_process(self):
+        attempts.append(self)
+        raise OSError("no processes allowed")
+
+    monkeypatch.setattr(workers.Worker, "start", no_process)
+    with RewardScorer("math", num_workers=2, time_limit=1.0) as sc:
+        t0 = time.monotonic()
+        rewards, stats = sc.score([r"\boxed{2}", r"\boxed{3}", r"\boxed{x}"], ["2", "3", "4"])
+        took = time.monotonic() - t0
+    assert rewards == [0.0, 0.0, 0.0] and stats["reward/errors"] == 3.0 and stats["reward/worker_restarts"] == 0.0
+    assert len(attempts) == 4 and took < 5.0
+
+
+def test_a_fresh_scorers_first_batch_starts_workers_without_counting_restarts():
+    from tandem_rlvr.rewards import RewardScorer
+
+    with RewardScorer("math", num_workers=1, time_limit=5.0) as sc:
+        rewards, stats = sc.score([r"\boxed{2}", r"\boxed{5}"], ["2", "3"])
+        assert rewards == [1.0, 0.0] and stats["reward/worker_restarts"] == 0.0 and stats["reward/errors"] == 0.0
+        w = sc._workers[0]
+        w.kill()  # gone between batches (as after close of a connection): the next batch starts it again, uncounted
+        rewards, stats = sc.score([r"\boxed{3}"], ["3"])
+        assert rewards == [1.0] and stats["reward/worker_restarts"] == 0.0
