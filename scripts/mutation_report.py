@@ -46,6 +46,8 @@ def diff_of(name: str) -> str:
     os.chdir(ROOT)
     try:
         path = Path("src", *name.split(".x_")[0].split(".xǁ")[0].split(".")).with_suffix(".py")
+        if not (Path("mutants") / path).exists():  # a package: tandem_rlvr.rewards is rewards/__init__.py
+            path = path.with_suffix("") / "__init__.py"
         lines = get_diff_for_mutant(name, path=path).splitlines()
     finally:
         os.chdir(cwd)
