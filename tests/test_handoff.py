@@ -224,3 +224,48 @@ def test_end_step_draws_the_next_step_coin(table, name):
             assert (seq.author, seq.rounds, seq.steps, seq.decision()) == (author, rounds, k, int(author))
     with pytest.raises(ValueError, match="step-level"):
         SequenceSchedule(make_schedule("word", table=table), coins, 0).end_step()
+
+
+def _expected_decisions(name, row, table, K, N):
+    """Positions t whose token a decision precedes, written out here from METHOD §2 (not from handoff.py)."""
+    pos, gap, turn_nl = [0], 0, False
+    for t, tok in enumerate(row[:-1]):
+        gap += 1
+        boundary, ends_nl, nl2, starts_nl = table.rows[tok]
+        due = {"bernoulli": True, "chunk": gap >= N, "word": boundary or gap >= K,
+               "step": nl2 or (turn_nl and starts_nl), "alternate": nl2 or (turn_nl and starts_nl)}.get(name, False)
+        turn_nl = ends_nl and not due
+        if due:
+            pos.append(t + 1)
+            gap = 0
+    return pos
+
+
+@pytest.mark.parametrize("hand", [False, True])
+def test_where_each_schedule_decides_and_who_it_picks(tokenizer, table, hand):
+    """The batch view's decisions (fresh_B) fall exactly where the rules of METHOD §2 put them; each decision
+    of a coin schedule takes that row's coin for that position; alternate starts with the senior and flips."""
+    if hand:
+        tab, toks = HAND, torch.tensor([[2, 1, 2, 0, 3, 2, 1, 2, 0, 0, 1, 2], [3, 2, 0, 1, 2, 2, 3, 0, 1, 2, 0, 0]])
+    else:
+        tab, toks = table, _stream(tokenizer, B=16, T=50, seed=3)
+    for name in SCHEDULES:
+        sch = make_schedule(name, table=tab, p=0.5, max_gap=3, chunk_size=4)
+        coins, rec = _batch_record(sch, toks, seed=6)
+        for b in range(toks.shape[0]):
+            got = [t for t in range(toks.shape[1]) if rec[t][1][b].item() >= 0]
+            assert got == _expected_decisions(name, toks[b].tolist(), tab, 3, 4), (name, b)
+            picks = [rec[t][1][b].item() for t in got]
+            if name == "alternate" or name == "none":
+                assert picks == [int(name == "none" or k % 2 == 0) for k in range(len(got))], (name, b)
+            else:
+                assert picks == [int(coins.draw(b, t)) for t in got], (name, b)
+
+
+def test_make_schedule_pads_the_table_and_refuses_a_wordless_vocabulary(tokenizer):
+    sch = make_schedule("word", tokenizer, vocab_size=len(tokenizer) + 5)
+    assert sch.table.vocab_size == len(tokenizer) + 5 and not bool(sch.table.boundary_V[len(tokenizer):].any())
+    wordless = TokenTable(*(torch.zeros(4, dtype=torch.bool) for _ in range(4)))
+    with pytest.raises(ValueError, match="no word-start tokens"):
+        make_schedule("word", table=wordless)
+    assert make_schedule("step", table=wordless).name == "step"

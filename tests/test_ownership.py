@@ -143,12 +143,12 @@ def test_bridge_rows_are_checked_against_their_turns():
 def test_bridge_rows_with_padding_and_rows_without_turns():
     """Padding is not a token (a one-author row padded at the end agrees with its turns); one senior token
     in a row of junior turns disagrees; a row with tokens but no recorded turn disagrees; an empty row does not."""
-    mask = [[1, 1, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 0, 0]]
-    owner = [[1, 1, 0], [0, 1, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
-    turns, senior = [1, 2, 0, 0, 2], [1, 0, 0, 0, 1]
-    got = [row_disagreements(_bridge_like([owner[b]], [turns[b]], [senior[b]], [mask[b]])) for b in range(5)]
-    assert got == [0, 1, 1, 0, 0]
-    assert row_disagreements(_bridge_like(owner, turns, senior, mask)) == 2
+    mask = [[1, 1, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 0, 0], [1, 0, 0]]
+    owner = [[1, 1, 0], [0, 1, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
+    turns, senior = [1, 2, 0, 0, 2, 0], [1, 0, 0, 0, 1, 0]
+    got = [row_disagreements(_bridge_like([owner[b]], [turns[b]], [senior[b]], [mask[b]])) for b in range(6)]
+    assert got == [0, 1, 1, 0, 0, 1]
+    assert row_disagreements(_bridge_like(owner, turns, senior, mask)) == 3
 
 
 def _recorded(owner, turn, schedule, mask=None):
