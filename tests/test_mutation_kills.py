@@ -139,7 +139,7 @@ def test_each_chunk_gets_the_configs_loss_settings_and_its_share(tmp_path, token
 
     def loss_spy(*a, **kw):
         loss, met = real_loss(*a, **kw)
-        calls.append((kw, float(loss.detach()), met["train/pg_loss"]))
+        calls.append((kw, float(loss.detach()), met["train/pg_loss"], met["train/num_tokens"]))
         return loss, met
 
     monkeypatch.setattr(core, "policy_loss", loss_spy)
@@ -149,7 +149,7 @@ def test_each_chunk_gets_the_configs_loss_settings_and_its_share(tmp_path, token
                     "algo.micro_batch=6", "algo.clip_eps=0.15", "algo.clip_eps_high=0.3",
                     spy=lambda tr: seniors.append(tr.senior))
     assert len(calls) == 3
-    for kw, _, _ in calls:
+    for kw, *_ in calls:
         assert (kw["loss_type"], kw["clip_eps"], kw["clip_eps_high"], kw["kl_beta"]) == ("grpo", 0.15, 0.3, beta)
         assert (kw["ref_logps_BT"] is None) == (beta == 0)
     assert [(a, kw) for a, kw in weights] == [(("grpo", n, 16, 1), {}) for n in (6, 6, 4)]
@@ -157,6 +157,8 @@ def test_each_chunk_gets_the_configs_loss_settings_and_its_share(tmp_path, token
     shares = [6 / 16, 6 / 16, 4 / 16]
     assert row["train/loss"] == pytest.approx(sum(s * c[1] for s, c in zip(shares, calls)), rel=1e-6)
     assert row["train/pg_loss"] == pytest.approx(sum(s * c[2] for s, c in zip(shares, calls)), rel=1e-6)
+    assert row["train/num_tokens"] == pytest.approx(sum(c[3] for c in calls))  # the chunks' tokens add up
+    assert row["train/lr"] == pytest.approx(1e-2)  # constant after no warm-up
     if beta:  # the KL term separates the two metrics
         assert abs(row["train/loss"] - row["train/pg_loss"]) > 1e-7
 
@@ -378,3 +380,20 @@ def test_a_fresh_scorers_first_batch_starts_workers_without_counting_restarts():
         w.kill()  # gone between batches (as after close of a connection): the next batch starts it again, uncounted
         rewards, stats = sc.score([r"\boxed{3}"], ["3"])
         assert rewards == [1.0] and stats["reward/worker_restarts"] == 0.0
+
+
+def test_a_worker_that_dies_mid_check_scores_an_error_and_is_restarted():
+    """A verifier process killed in the middle of a check: that check is an error (not a timeout, not a
+    pass), the worker's restart is counted, and the replacement scores the next batch."""
+    import threading
+
+    from test_rewards import TOWER
+    from tandem_rlvr.rewards import RewardScorer
+
+    with RewardScorer(num_workers=1, time_limit=30.0, soft_limit_fraction=10.0) as sc:
+        sc.start()
+        threading.Timer(1.0, sc._workers[0].proc.kill).start()
+        rewards, stats = sc.score([TOWER, r"\boxed{7}"], ["1", "8"])
+        assert rewards == [0.0, 0.0] and stats["reward/errors"] == 1.0 and stats["reward/timeouts"] == 0.0
+        assert stats["reward/worker_restarts"] == 1.0
+        assert sc.score([r"\boxed{2}"], ["2"])[0] == [1.0]
