@@ -397,3 +397,27 @@ def test_a_worker_that_dies_mid_check_scores_an_error_and_is_restarted():
         assert rewards == [0.0, 0.0] and stats["reward/errors"] == 1.0 and stats["reward/timeouts"] == 0.0
         assert stats["reward/worker_restarts"] == 1.0
         assert sc.score([r"\boxed{2}"], ["2"])[0] == [1.0]
+
+
+def test_the_soft_limit_is_a_fraction_of_the_limit_and_the_hard_kill_keeps_short_limits():
+    """A check past ``soft_limit_fraction`` of the limit gives up inside the worker (a timeout, no restart);
+    a soft limit past the hard one leaves the parent to kill at the limit, also for limits under a second."""
+    import time
+
+    from test_rewards import SLACK, TOWER
+    from tandem_rlvr.rewards import RewardScorer
+
+    for limit, frac, soft in ((1.0, 0.5, 0.5), (2.0, 0.5, 1.0)):
+        with RewardScorer(num_workers=1, time_limit=limit, soft_limit_fraction=frac) as sc:
+            sc.start()
+            t0 = time.monotonic()
+            rewards, stats = sc.score([TOWER], ["1"])
+            took = time.monotonic() - t0
+        assert rewards == [0.0] and stats["reward/timeouts"] == 1.0 and stats["reward/worker_restarts"] == 0.0
+        assert soft - 0.1 <= took <= soft + SLACK, (limit, took)
+    with RewardScorer(num_workers=1, time_limit=0.5, soft_limit_fraction=10.0) as sc:
+        sc.start()
+        t0 = time.monotonic()
+        rewards, stats = sc.score([TOWER], ["1"])
+        took = time.monotonic() - t0
+    assert stats["reward/timeouts"] == 1.0 and stats["reward/worker_restarts"] == 1.0 and 0.5 <= took <= 0.5 + SLACK
