@@ -63,7 +63,7 @@ def render(results: dict[str, dict[str, str]], reasons: dict[str, str], seconds:
         rows.append((module, c))
     n = sum(total.values()) - total["not checked"]
     equivalent = sum(1 for st in results.values() for k, s in st.items()
-                     if s == "survived" and k in reasons and not reasons[k].startswith("killed since"))
+                     if s == "survived" and k in reasons and not reasons[k].startswith(("killed since", "not killed")))
     detected = total["killed"] + total["timeout"]
     score = 100.0 * detected / max(1, n)
     adjusted = 100.0 * detected / max(1, n - equivalent)
@@ -123,6 +123,7 @@ def main() -> int:
     table = tomllib.loads(REASONS.read_text()) if REASONS.exists() else {}
     reasons = table.get("equivalent", {})
     reasons |= {k: f"killed since by {v}" for k, v in table.get("killed_since", {}).items()}
+    reasons |= {k: f"not killed, not equivalent (a known gap): {v}" for k, v in table.get("gap", {}).items()}
     text, unexplained = render(results, reasons, seconds, args.note)
     tmp = OUT.with_suffix(".md.tmp")
     tmp.write_text(text)
