@@ -421,3 +421,27 @@ def test_the_soft_limit_is_a_fraction_of_the_limit_and_the_hard_kill_keeps_short
         rewards, stats = sc.score([TOWER], ["1"])
         took = time.monotonic() - t0
     assert stats["reward/timeouts"] == 1.0 and stats["reward/worker_restarts"] == 1.0 and 0.5 <= took <= 0.5 + SLACK
+
+
+@pytest.mark.parametrize("how", ["slow_start", "dies_at_start"])
+def test_workers_that_never_get_ready_score_errors_uncounted(monkeypatch, how):
+    """A worker that does not report ready within ``start_timeout``, or whose process exits before it is ready:
+    the batch returns in bounded time with its checks as errors; no start counts as a worker restart."""
+    import subprocess
+    import sys
+    import time
+
+    from tandem_rlvr.rewards import RewardScorer, workers
+
+    kw = {}
+    if how == "slow_start":
+        kw["start_timeout"] = 0.05  # importing math-verify takes longer than this
+    else:
+        monkeypatch.setattr(workers.Worker, "_launch", lambda self, child: subprocess.Popen(
+            [sys.executable, "-c", "pass"], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL))
+    with RewardScorer("math", num_workers=2, time_limit=1.0, **kw) as sc:
+        t0 = time.monotonic()
+        rewards, stats = sc.score([r"\boxed{2}", r"\boxed{3}"], ["2", "3"])
+        took = time.monotonic() - t0
+    assert rewards == [0.0, 0.0] and stats["reward/errors"] == 2.0 and stats["reward/worker_restarts"] == 0.0
+    assert took < 10.0
