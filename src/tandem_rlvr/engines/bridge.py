@@ -178,15 +178,20 @@ class _Chains:
         return [s.author for s in self.sched]
 
     def add_text(self, b: int, text: str, owner: int) -> None:
-        """Append ``text`` to row ``b``, extending its last span when the owner is unchanged."""
-        if not text:
-            return
-        start, end = len(self.texts[b]), len(self.texts[b]) + len(text)
-        self.texts[b] += text
-        if self.spans[b] and self.spans[b][-1][2] == owner:
-            self.spans[b][-1][1] = end
-        else:
-            self.spans[b].append([start, end, owner])
+        append_owned_text(self.texts, self.spans, b, text, owner)
+
+
+def append_owned_text(texts: list[str], spans: list[list[list[int]]], b: int, text: str, owner: int) -> None:
+    """Append ``text`` to row ``b`` of ``texts``, extending its last ``[start, end, owner]`` span when the
+    owner is unchanged (the text chains of the training bridge and of the evaluation's bridges)."""
+    if not text:
+        return
+    start, end = len(texts[b]), len(texts[b]) + len(text)
+    texts[b] += text
+    if spans[b] and spans[b][-1][2] == owner:
+        spans[b][-1][1] = end
+    else:
+        spans[b].append([start, end, owner])
 
 
 def _after_turn(ch: _Chains, b: int, turn: _Turn, max_rounds: int | None) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
@@ -199,19 +198,6 @@ def engine_placement(processes: bool, index: int, n_engines: int) -> dict:
 
 
 # -- generation --------------------------------------------------------------------------------------
-@dataclass
-class _Chain:
-    """One row: its prompt, the shared history, owners, and its schedule (who writes next)."""
-
-    prompt: list[int]
-    sched: SequenceSchedule
-    ids: list[int] = field(default_factory=list)
-    owner: list[int] = field(default_factory=list)
-    turn: list[int] = field(default_factory=list)  # the schedule's decisions (Rollout.turn_author_BT)
-    done: bool = False
-    eos: bool = False
-    requests: int = 0
-
 
 class VLLMEngine(EngineBase):
     """A senior engine and (for tandem chains) a junior engine that share one tokenizer."""
@@ -290,11 +276,11 @@ class VLLMEngine(EngineBase):
         if schedule.name in TURN_LEVEL:
             return vt.generate_turns(self, prompts, schedule, sampling, seed=seed, max_rounds=max_rounds)
         coins = schedule.coins(prompts.ids_BP.shape[0], seed)
-        chains = [_Chain(p, SequenceSchedule(schedule, coins, b)) for b, p in enumerate(prompts.rows())]
+        chains = [vt.Row(p, SequenceSchedule(schedule, coins, b)) for b, p in enumerate(prompts.rows())]
         self._play(chains, sampling, seed, max_rounds)
         return _to_rollout(chains, prompts, self.pad, schedule.name, max_rounds)
 
-    def _play(self, chains: list[_Chain], sampling: Sampling, seed: int, max_rounds: int | None) -> None:
+    def _play(self, chains: list[vt.Row], sampling: Sampling, seed: int, max_rounds: int | None) -> None:
         """Issue one request per live chain and author until every chain is done."""
         while not all(c.done for c in chains):
             for is_senior, llm in ((True, self.senior), (False, self.junior)):
@@ -318,7 +304,7 @@ def check_vllm_schedule(schedule: Schedule) -> None:
         raise ValueError(f"handoff schedule {schedule.name!r} needs a token table (pass the tokenizer)")
 
 
-def _walk(c: _Chain, toks: list[int], eos: set[int], budget: int, max_rounds: int | None) -> None:
+def _walk(c: vt.Row, toks: list[int], eos: set[int], budget: int, max_rounds: int | None) -> None:
     """Append an author's tokens up to where its schedule hands over (or the chain stops)."""
     for tok in toks:
         author = c.sched.author
@@ -338,7 +324,7 @@ def _walk(c: _Chain, toks: list[int], eos: set[int], budget: int, max_rounds: in
         c.done = True  # the engine returned nothing: never loop on an empty turn
 
 
-def _to_rollout(chains: list[_Chain], prompts: PromptBatch, pad: int, schedule: str, max_rounds: int | None) -> Rollout:
+def _to_rollout(chains: list[vt.Row], prompts: PromptBatch, pad: int, schedule: str, max_rounds: int | None) -> Rollout:
     return rollout_from_rows(prompts.ids_BP, prompts.mask_BP, [c.ids for c in chains], [c.owner for c in chains],
                              pad_token_id=pad, rounds=[c.sched.rounds for c in chains],
                              finished=[c.eos for c in chains], max_rounds=max_rounds, schedule=schedule,

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from tandem_rlvr.engines.bridge import append_owned_text
+
 
 @dataclass
 class _Chains:
@@ -37,14 +39,7 @@ class _Chains:
 
     def add_text(self, b: int, text: str, owner: int) -> None:
         """Append ``text`` to row ``b``, extending its last span when the owner is unchanged."""
-        if not text:
-            return
-        start, end = len(self.texts[b]), len(self.texts[b]) + len(text)
-        self.texts[b] += text
-        if self.spans[b] and self.spans[b][-1][2] == owner:
-            self.spans[b][-1][1] = end
-        else:
-            self.spans[b].append([start, end, owner])
+        append_owned_text(self.texts, self.spans, b, text, owner)
 
 
 def _fit_context(seqs: list[list[int]], caps: list[int], context: int | None) -> tuple[list, list, int]:
