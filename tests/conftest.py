@@ -127,12 +127,13 @@ def bias_token(model, token_id: int, bias: float):
 
 @pytest.fixture(scope="session")
 def world(tmp_path_factory):
-    """The built-in world, built from scratch once per test session into a temporary cache: (paths, build seconds)."""
+    """The built-in world as a user gets it: the shipped copy, installed once per test session into a
+    temporary cache: (paths, install seconds). Rebuilds are tested in test_world.py (slow)."""
     import time
 
     from tandem_rlvr.world.build import build_world
 
     cache = tmp_path_factory.mktemp("world_cache")
     start = time.time()
-    paths = build_world(cache, progress=False, prebuilt=False)  # a real build, compared with the shipped copy in test_world
+    paths = build_world(cache, progress=False)
     return paths, time.time() - start

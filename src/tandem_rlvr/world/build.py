@@ -24,7 +24,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tandem_rlvr.world.problems import (
@@ -34,6 +34,8 @@ from tandem_rlvr.world.problems import (
     plain_solution,
     sft_problems,
 )
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.world.properties import PROPERTIES, PROPERTY_COUNT
 from tandem_rlvr.world.sft import ModelSpec
 from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN, build_tokenizer
 
@@ -43,6 +45,12 @@ log = logging.getLogger(__name__)
 SEED = 1234
 TOKENIZER_VOCAB = 1024  # an upper bound: the trainer stops once every pair in the corpus is merged
 TOKENIZER_CORPUS = 3000  # problems in the tokenizer corpus
+# Every build measures the promised properties (world.properties.PROPERTIES) of what it trained; each model
+# whose properties fail is trained again with a seed TRY_SEED_STEP higher (the other is kept), up to
+# MAX_TRIES rounds, and every try is recorded in the manifest. Training is seeded and single-threaded, so one machine retraces the same tries;
+# another CPU model may round differently, train other weights and need another number of tries.
+MAX_TRIES = 8
+TRY_SEED_STEP = 100
 
 # Both warm starts use a length curriculum: 2-4 op chains first, then one op longer every 100 steps.
 # The weaker junior: plain style only, chains of 2-6 operations (the RL train range), a narrower MLP.
@@ -98,17 +106,26 @@ class WorldPaths:
         return json.loads((self.root / "manifest.json").read_text())
 
 
-def recipe() -> dict:
+def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
+    """The junior's and the senior's recipe for the build seed ``seed`` and its try ``attempt`` (0-based)."""
+    step = TRY_SEED_STEP * attempt
+    return {"junior": replace(JUNIOR_SPEC, seed=seed + 1 + step), "senior": replace(SENIOR_SPEC, seed=seed + 2 + step)}
+
+
+def recipe(seed: int = SEED) -> dict:
     """Everything that determines the built world; its hash names the cache folder."""
+    specs = model_specs(seed)
     return {
         "version": WORLD_VERSION,
-        "seed": SEED,
+        "seed": seed,
         "tokenizer": {"vocab": TOKENIZER_VOCAB, "corpus": TOKENIZER_CORPUS, "pattern": DIGIT_PATTERN},
         "chat_template": CHAT_TEMPLATE,
         "instruction": INSTRUCTION,
-        "junior": JUNIOR_SPEC.to_dict(),
-        "senior": SENIOR_SPEC.to_dict(),
+        "junior": specs["junior"].to_dict(),
+        "senior": specs["senior"].to_dict(),
         "formats": _format_fingerprint(),
+        "gate": {"properties": PROPERTIES, "count": PROPERTY_COUNT, "max_tries": MAX_TRIES, "seed_step": TRY_SEED_STEP,
+                 "retrain": "each model whose properties fail"},
     }
 
 
@@ -120,9 +137,9 @@ def _format_fingerprint() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def world_key() -> str:
+def world_key(seed: int = SEED) -> str:
     """The versioned cache folder name, e.g. ``world-v1-3f2a9c01de``."""
-    digest = hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(recipe(seed), sort_keys=True).encode()).hexdigest()
     return f"world-v{WORLD_VERSION}-{digest[:10]}"
 
 
@@ -151,13 +168,13 @@ def _file_table(root: Path) -> dict[str, dict]:
     return table
 
 
-def is_complete(root: Path) -> bool:
+def is_complete(root: Path, seed: int = SEED) -> bool:
     """Whether ``root`` holds a finished build: a manifest of this recipe whose files all match."""
     try:
         manifest = json.loads((root / "manifest.json").read_text())
     except (OSError, ValueError):
         return False
-    if manifest.get("recipe") != json.loads(json.dumps(recipe())):
+    if manifest.get("recipe") != json.loads(json.dumps(recipe(seed))):
         return False
     files = manifest.get("files") or {}
     for rel in ("senior/model.safetensors", "junior/model.safetensors", "tokenizer/tokenizer.json"):
@@ -197,18 +214,18 @@ def _remove_stale_temps(cache_root: Path, key: str) -> None:
 # ----------------------------------------------------------------------------------- the build
 
 
-def tokenizer_corpus() -> list[str]:
+def tokenizer_corpus(seed: int = SEED) -> list[str]:
     """Deterministic tokenizer training text: chat-framed problems and both solution styles.
 
     The constant instruction is not in it: it becomes one added token (see ``build_tokenizer``).
     """
-    stream = sft_problems(SEED, (2, 8))
+    stream = sft_problems(seed, (2, 8))
     corpus = []
     for _ in range(TOKENIZER_CORPUS):
         _, p = next(stream)
         corpus.append(f"<|im_start|>user\n{p.text}<|im_end|>\n<|im_start|>assistant\n")
         corpus += [plain_solution(p), jargon_solution(p)]
-    rng = random.Random(SEED)
+    rng = random.Random(seed)
     rng.shuffle(corpus)
     return corpus
 
@@ -223,26 +240,55 @@ def normalize_configs(root: Path) -> None:
         path.write_text(json.dumps({k: v for k, v in cfg.items() if k not in ENV_KEYS}, indent=2, ensure_ascii=False) + "\n")
 
 
-def _build_into(tmp: Path, progress: bool) -> None:
-    """Build every artefact of the world into ``tmp`` and write its manifest last."""
-    from tandem_rlvr.world.train_workers import train_models
-
+def _build_into(tmp: Path, progress: bool, seed: int = SEED) -> None:
+    """Build every artefact of the world into ``tmp`` (models retrained until the promised properties hold)
+    and write its manifest last."""
     start = time.time()
     tokenizer = build_tokenizer(
-        tokenizer_corpus(), TOKENIZER_VOCAB, tmp / "tokenizer", pattern=DIGIT_PATTERN, extra_tokens=[INSTRUCTION]
+        tokenizer_corpus(seed), TOKENIZER_VOCAB, tmp / "tokenizer", pattern=DIGIT_PATTERN, extra_tokens=[INSTRUCTION]
     )
-    stats = train_models(
-        {"junior": JUNIOR_SPEC, "senior": SENIOR_SPEC}, tmp / "tokenizer", tmp, progress=progress
-    )
-    normalize_configs(tmp)
+    stats, tries = _train_until_properties_hold(tmp, progress, seed)
     manifest = {
-        "recipe": recipe(),
+        "recipe": recipe(seed),
         "vocab_size": len(tokenizer),
         "models": stats,
+        "tries": tries,
         "build_seconds": round(time.time() - start, 2),
         "files": _file_table(tmp),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+class WorldBuildError(TandemError):
+    """No try of a world build kept the promised properties; the message lists what each try measured."""
+
+
+def _train_until_properties_hold(tmp: Path, progress: bool, seed: int) -> tuple[dict, list[dict]]:
+    """Train the junior and the senior, measure the properties, and retrain each model whose properties
+    fail with its next seed (the other model is kept) until they all hold."""
+    from tandem_rlvr.world.probe import measure_models
+    from tandem_rlvr.world.properties import models_to_retrain, property_failures, property_values
+    from tandem_rlvr.world.train_workers import train_models
+
+    attempt, todo, stats, tries = {"junior": 0, "senior": 0}, ["junior", "senior"], {}, []
+    for round_ in range(MAX_TRIES):
+        stats.update(train_models({n: model_specs(seed, attempt[n])[n] for n in todo}, tmp / "tokenizer", tmp,
+                                  progress=progress))
+        normalize_configs(tmp)
+        measured = measure_models(_paths(tmp), count=PROPERTY_COUNT)
+        failures = property_failures(measured)
+        tries.append({"try": round_, "trained": todo, "seeds": {n: model_specs(seed, attempt[n])[n].seed for n in attempt},
+                      "failures": failures,
+                      "properties": {k: round(v, 4) for k, v in property_values(measured).items()}})
+        log.info("world build try %d (seeds %s): %s", round_, tries[-1]["seeds"], "; ".join(failures) or "properties hold")
+        if not failures:
+            return stats, tries
+        todo = models_to_retrain(measured)
+        for name in todo:
+            attempt[name] += 1
+    summary = " | ".join(f"try {t['try']}: {'; '.join(t['failures'])}" for t in tries)
+    raise WorldBuildError(f"world build: no try of {MAX_TRIES} kept the promised properties (world.properties.PROPERTIES): "
+                          f"{summary}")
 
 
 def _install(tmp: Path, final: Path) -> None:
@@ -263,36 +309,38 @@ def prebuilt_world() -> Path | None:
 
 
 def build_world(cache_dir: str | Path | None = None, *, force: bool = False, progress: bool = True,
-                prebuilt: bool = True) -> WorldPaths:
+                prebuilt: bool = True, seed: int = SEED) -> WorldPaths:
     """Return the world's paths in the cache, installing it first if absent or incomplete.
 
     It is copied from the package's shipped copy when that one matches the recipe and verifies
-    (``prebuilt``), else built: deterministic for a given recipe (seeded, single-threaded training
-    per model; the shipped copy is such a build), the two warm starts training in parallel worker
-    processes, one thread each. ``force`` rebuilds from scratch.
+    (``prebuilt``), else built: the two warm starts train in parallel worker processes, one thread
+    each, seeded, so a rebuild on one machine gives the same bytes (another CPU model may round
+    differently); a build whose models miss a promised property retrains them with the next seeds
+    (``MAX_TRIES``, every try recorded in the manifest). ``force`` rebuilds from scratch; ``seed``
+    builds another world of the same recipe (other tokenizer corpus order and model seeds).
     """
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cache_root.mkdir(parents=True, exist_ok=True)
-    key = world_key()
+    key = world_key(seed)
     final = cache_root / key
-    if not force and is_complete(final):
+    if not force and is_complete(final, seed):
         return _paths(final)
     with _build_lock(cache_root, key):
-        if not force and is_complete(final):  # another process finished it while we waited
+        if not force and is_complete(final, seed):  # another process finished it while we waited
             return _paths(final)
         _remove_stale_temps(cache_root, key)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=cache_root))
         tmp.chmod(0o755)  # mkdtemp makes it private; the installed world should be readable like a cache
-        shipped = prebuilt_world() if prebuilt and not force else None
+        shipped = prebuilt_world() if prebuilt and not force and seed == SEED else None
         try:
             if shipped is not None:
                 log.info("installing the shipped world %s into %s", shipped.name, cache_root)
                 shutil.copytree(shipped, tmp, dirs_exist_ok=True)
             else:
-                _build_into(tmp, progress)
+                _build_into(tmp, progress, seed)
             _install(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    if not is_complete(final):
+    if not is_complete(final, seed):
         raise RuntimeError(f"world build at {final} did not verify")
     return _paths(final)

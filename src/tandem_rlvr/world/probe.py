@@ -120,24 +120,37 @@ def style_breakdown(
     }
 
 
-def world_report(paths, count: int = 48, lengths=(2, 3, 4, 5, 6, 7, 8)) -> dict:
-    """Measured facts about a built world: sizes, build time, accuracies by length/style, jargon rate."""
+def measure_models(paths, count: int = 48, lengths=(2, 3, 4, 5, 6, 7, 8)) -> dict:
+    """The junior's and the senior's measured behaviour: greedy accuracy by length, continuation after a
+    plain or a jargon first step, sampled style mix. Single-threaded, so one machine measures the same
+    numbers every time."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(paths.tokenizer_dir))
-    models = {name: AutoModelForCausalLM.from_pretrained(str(d)).eval() for name, d in
-              (("junior", paths.junior_dir), ("senior", paths.senior_dir))}
-    manifest = paths.manifest
-    report: dict = {"build_seconds": manifest["build_seconds"], "vocab_size": manifest["vocab_size"]}
     # 3-4 op problems, so that something is left to do after the first (two-op) jargon step
     handoff = [p for n in (3, 4) for p in probe_problems(n, count)]
-    for name, model in models.items():
-        report[name] = {
-            "parameters": manifest["models"][name]["parameters"],
-            "train_seconds": manifest["models"][name]["train_seconds"],
-            "greedy_accuracy_by_length": accuracy_by_length(model, tok, lengths, count),
-            "continue_after_plain_step": continuation_probe(model, tok, handoff, "plain"),
-            "continue_after_jargon_step": continuation_probe(model, tok, handoff, "jargon"),
-            "sampled_t0.7": style_breakdown(model, tok, lengths, count=max(8, count // 3)),
-        }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = {}
+    try:
+        for name, d in (("junior", paths.junior_dir), ("senior", paths.senior_dir)):
+            model = AutoModelForCausalLM.from_pretrained(str(d)).eval()
+            out[name] = {
+                "greedy_accuracy_by_length": accuracy_by_length(model, tok, lengths, count),
+                "continue_after_plain_step": continuation_probe(model, tok, handoff, "plain"),
+                "continue_after_jargon_step": continuation_probe(model, tok, handoff, "jargon"),
+                "sampled_t0.7": style_breakdown(model, tok, lengths, count=max(8, count // 3)),
+            }
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def world_report(paths, count: int = 48, lengths=(2, 3, 4, 5, 6, 7, 8)) -> dict:
+    """Measured facts about a built world: sizes, build time, accuracies by length/style, jargon rate."""
+    manifest = paths.manifest
+    report: dict = {"build_seconds": manifest["build_seconds"], "vocab_size": manifest["vocab_size"]}
+    for name, measured in measure_models(paths, count, lengths).items():
+        report[name] = {"parameters": manifest["models"][name]["parameters"],
+                        "train_seconds": manifest["models"][name]["train_seconds"], **measured}
     return report
