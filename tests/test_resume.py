@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -102,3 +103,31 @@ def test_existing_run_without_checkpoint_needs_restart(tmp_path, model_dirs):
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     assert main(["train", str(cfg)]) == 2
     assert main(["train", str(cfg), "--restart"]) == 0
+
+
+def test_a_kill_while_pruning_leaves_no_checkpoint_behind_for_ever(tmp_path, monkeypatch):
+    """Pruning renames a checkpoint to .trash-* before deleting it: a kill mid-delete leaves trash the next
+    prune removes, never a half-deleted step-N that no longer counts as complete and so is never pruned."""
+    import shutil
+
+    from tandem_rlvr.training import checkpoint as ck
+
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        d = root / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / ck.MARKER).write_text("")
+        (d / "trainer_state.json").write_text("{}")
+        (d / "model.safetensors").write_bytes(b"w" * 10)
+    real = shutil.rmtree
+
+    def killed(path, *a, **k):  # deletes the marker first, then the process dies
+        (Path(path) / ck.MARKER).unlink(missing_ok=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ck.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ck._prune(root, keep_last=2)
+    monkeypatch.setattr(ck.shutil, "rmtree", real)
+    ck._prune(root, keep_last=2)
+    assert sorted(d.name for d in root.iterdir()) == ["step-2", "step-3"]

@@ -13,6 +13,7 @@ import json
 import logging
 import random
 import re
+import os
 import shutil
 from pathlib import Path
 
@@ -144,9 +145,15 @@ def _tensor_bytes(*states) -> int:
 
 
 def _prune(ckpt_root: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` complete checkpoints. Each is first renamed to ``.trash-*``
+    (atomic), so a kill in the middle of deleting leaves a ``.trash-*`` folder, never a half-deleted
+    ``step-N`` that no longer counts as complete and would be kept for ever; ``.tmp-*`` and ``.trash-*``
+    leftovers of killed runs go too."""
     for d in complete_checkpoints(ckpt_root.parent)[:-keep_last]:
-        shutil.rmtree(d, ignore_errors=True)
-    for d in ckpt_root.glob(".tmp-*"):
+        trash = ckpt_root / f".trash-{d.name}"
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(d, trash)
+    for d in [*ckpt_root.glob(".tmp-*"), *ckpt_root.glob(".trash-*")]:
         shutil.rmtree(d, ignore_errors=True)
 
 
