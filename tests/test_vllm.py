@@ -279,3 +279,51 @@ def test_training_on_vllm_engines_pushes_every_update(tok, pair, batch, tmp_path
     ref = generate(trained, None, *batch, make_schedule("none"), sampling, eos_token_ids=[tok.eos_token_id],
                    pad_token_id=tok.pad_token_id)
     _assert_same(ref, engine.generate(PromptBatch(*batch), make_schedule("none"), sampling))
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_512_position_model_trains_on_vllm_with_the_default_prompt_budget(tok, pair, tmp_path, monkeypatch):
+    """max_position_embeddings 512 and the default rollout.max_prompt_tokens (1024): the engines get the
+    context the run needs (longest prompt + budget, tandem_rlvr.context), so vLLM accepts them and the
+    run trains as it does in-process (vLLM refused max_model_len 1056 > 512 before)."""
+    from dataclasses import dataclass
+
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.engines import vllm_backend as vb
+    from tandem_rlvr.engines import vllm_turns as vt
+    from tandem_rlvr.training.trainer import Trainer
+
+    real_make = vb.make_llm  # the trainer's engines, with a small fixed KV cache (CPU memory shares add up)
+    monkeypatch.setattr(vb, "make_llm", lambda path, **kw: real_make(path, **kw, kv_cache_memory_bytes=2**28,
+                                                                     enforce_eager=True))
+
+    @dataclass(frozen=True)
+    class Ex:
+        id: str
+        problem: str
+        answer: str
+
+    dirs = {}
+    for name, model in zip(("senior", "junior"), pair):
+        assert model.config.max_position_embeddings == 512
+        dirs[name] = tmp_path / name
+        model.save_pretrained(str(dirs[name]))
+        tok.save_pretrained(str(dirs[name]))
+    cfg = load_config(None, [
+        "algo.arm=trlvr", f"model.senior={dirs['senior']}", f"model.junior={dirs['junior']}", "model.dtype=float32",
+        "handoff.schedule=word", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]", "rollout.engine=vllm",
+        "train.steps=1", "train.prompts_per_step=2", "algo.group_size=2",
+        "rollout.max_new_tokens=16", "rollout.temperature=1.0", f"train.out_dir={tmp_path / 'run'}",
+        "train.save_every=0", "train.progress=false"])
+    assert cfg.rollout.max_prompt_tokens == 1024
+    tr = Trainer(cfg, examples=[Ex(str(i), p, "7") for i, p in enumerate(PROBLEMS[:4])],
+                 reward_fn=lambda c, g: float(len(c) % 2))
+    try:
+        assert tr.context.engine_len == max(map(len, tr.prompts)) + 16 <= 512
+        assert vt.context_length(tr.engine.senior) == tr.context.engine_len
+        tr.train()
+        assert (tmp_path / "run" / "final").is_dir()
+    finally:
+        for llm in (tr.engine.senior, tr.engine.junior):
+            _shutdown(llm)

@@ -40,6 +40,7 @@ class ModelConfig:
     lora_r: int = _f(0, "LoRA rank for the senior (0 = full fine-tuning). With self_paired, the junior is the base with the adapter off.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_targets: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "Module names LoRA adapts.")
+    max_context: int = _f(0, "Positions the models read (0 = each model's own: max_position_embeddings, with a declared linear/dynamic/yarn rope factor, else the tokenizer's model_max_length). Prompts that do not fit with the whole response budget are skipped and counted; a budget that fits no prompt stops the run before the first forward. Set it only for a model that reads more than its config says (rope scaling): the run goes on with a warning.")
 
 
 @dataclass
@@ -170,6 +171,7 @@ class EvalOptions:
     top_k: int = _f(20, "Top-k sampling (0 = off).")
     max_rounds: int = _f(150, "Handoff chains stop after this many turns.")
     context: int = _f(4096, "Prompt + response token limit.")
+    max_context: int = _f(0, "As model.max_context: positions the models read (0 = each model's own limit); a senior or junior that cannot read the chains at --context and --max-new-tokens stops the evaluation before the first forward.")
     split: str | None = _f(None, "Split of a named benchmark.")
     problem_key: str = _f("problem", "Problem column of a local file.")
     answer_key: str = _f("answer", "Answer column of a local file.")
@@ -380,6 +382,7 @@ def validate(cfg: Config) -> None:
         (0.0 <= h.p <= 1.0, "handoff.p", f"must be in [0, 1], got {h.p}"),
         (h.max_gap >= 1 and h.chunk_size >= 1, "handoff.max_gap", "max_gap and chunk_size must be >= 1"),
         (r.max_new_tokens >= 1 and r.max_prompt_tokens >= 1, "rollout.max_new_tokens", "token budgets must be >= 1"),
+        (cfg.model.max_context >= 0, "model.max_context", f"must be >= 0 (0 = each model's own limit), got {cfg.model.max_context}"),
         (r.temperature > 0, "rollout.temperature", "must be > 0 for GRPO sampling"),
         (0 < r.top_p <= 1 and r.top_k >= 0, "rollout.top_p", "top_p must be in (0, 1] and top_k >= 0"),
         (r.batch_size == 0 or r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),

@@ -45,16 +45,41 @@ def check_model(name: str, role: str, trust_remote_code: bool = False):
     return load_tokenizer(name, trust_remote_code=trust_remote_code, role=role)
 
 
-def check_eval(opts, juniors: dict[str, str]) -> None:
-    """``tandem-rlvr eval``: every senior and junior loads its config and tokenizer, and the output
-    directory is writable (benchmarks are loaded before this; pairs of different tokenizers are
-    evaluated through the text bridge, so tokenizers need not agree)."""
+def check_eval(opts, juniors: dict[str, str], benches: dict | None = None) -> dict[str, int]:
+    """``tandem-rlvr eval``: every senior and junior loads its config and tokenizer, reads the chains the
+    evaluation writes (:func:`eval_context`), and the output directory is writable (pairs of different
+    tokenizers are evaluated through the text bridge, so tokenizers need not agree). Returns each model's
+    path -> the context its vLLM engine gets."""
     check_writable(opts.out, "eval --out")
     trc = opts.trust_remote_code
-    for name, path in juniors.items():
-        check_model(path, f"junior {name!r}" if len(juniors) > 1 else "junior", trc)
-    for name, path in opts.seniors.items():
-        check_model(path, f"senior {name!r}", trc)
+    roles = {path: f"junior {name!r}" if len(juniors) > 1 else "junior" for name, path in juniors.items()}
+    roles.update({path: f"senior {name!r}" for name, path in opts.seniors.items()})
+    toks = {path: check_model(path, role, trc) for path, role in roles.items()}  # every model exists, first
+    return {path: eval_context(opts, roles[path], path, tok, benches) for path, tok in toks.items()
+            if tok is not None and benches}
+
+
+def eval_context(opts, role: str, path: str, tok, benches: dict) -> int:
+    """The context check of one evaluated model: it must read ``min(--context, longest prompt +
+    --max-new-tokens)`` positions, the farthest the evaluation's chains reach (prompts on its own
+    tokenizer, within ``--context``); else a one-line error with the values that fit. Returns that reach."""
+    from transformers import AutoConfig
+
+    from tandem_rlvr.context import model_context
+    from tandem_rlvr.data import encode_prompts
+
+    local = Path(path).expanduser()
+    config = AutoConfig.from_pretrained(str(local) if local.exists() else path, trust_remote_code=opts.trust_remote_code)
+    ctx = model_context(role, path, config, tok, opts.max_context)
+    lens = [len(ids) for _, ex in benches.values()
+            for ids in encode_prompts(tok, ex, max_prompt_tokens=opts.context - 1, what=f"eval ({role})")[1]]
+    reach = min(opts.context, max(lens, default=0) + opts.max_new_tokens)
+    if ctx.limit is None or reach <= ctx.limit:
+        return reach
+    raise TandemError(f"{ctx.describe()}, but the evaluation's chains reach {reach} tokens (its longest prompt "
+                      f"{max(lens)} + --max-new-tokens {opts.max_new_tokens}, at most --context {opts.context}): set "
+                      f"--max-new-tokens <= {ctx.limit - max(lens)} or --context <= {ctx.limit}; if the model reads "
+                      "more than its config says (rope scaling), set --max-context")
 
 
 def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = True) -> None:
@@ -68,12 +93,15 @@ def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = T
     check_trackers(cfg.train.trackers)
     check_writable(cfg.train.out_dir, "train.out_dir")
     m, d = cfg.model, cfg.data
+    tok = jtok = None
     if models:
         tok = check_model(m.senior, "senior", m.trust_remote_code)
         if not m.self_paired:
             jtok = check_model(m.junior, "junior", m.trust_remote_code)
             if tok is not None and jtok is not None and not m.bridge:
                 check_tokenizers(tok, jtok, m.senior, m.junior)
+    if models and data and tok is not None and (m.self_paired or jtok is not None):
+        check_train_context(cfg, tok, jtok)
     if reward:
         import_reward(d.reward)
     if data:
@@ -81,6 +109,55 @@ def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = T
     if cfg.val.data and cfg.val.every:
         load_examples(cfg.val.data, cfg.val.split, problem_key=d.problem_key, answer_key=d.answer_key, id_key="id",
                       limit=1)
+
+
+def train_contexts(cfg, tok, config, jtok=None, jconfig=None) -> list:
+    """The :class:`~tandem_rlvr.context.ModelContext` of each model of a training run (the junior's only
+    where it is another model: self-paired and LoRA-off juniors read as far as the senior)."""
+    from tandem_rlvr.context import model_context
+
+    m = cfg.model
+    out = [model_context("senior", m.senior, config, tok, m.max_context)]
+    if jconfig is not None and not m.self_paired:
+        out.append(model_context("junior", str(m.junior), jconfig, jtok or tok, m.max_context))
+    return out
+
+
+def fit_train_prompts(cfg, examples, tok, contexts: list, jtok=None):
+    """The training prompts a run keeps: within ``rollout.max_prompt_tokens`` and, with the whole response
+    budget, within every model's context (:func:`tandem_rlvr.context.fit_context`; a junior with its own
+    tokenizer measures the prompt in its own template). Returns ``(example indices, prompt ids, plan)``."""
+    from tandem_rlvr.context import fit_context
+    from tandem_rlvr.data import encode_prompts, render_prompt
+
+    r = cfg.rollout
+    keep, ids = encode_prompts(tok, examples, max_prompt_tokens=r.max_prompt_tokens, what="data (rollout.max_prompt_tokens)")
+    if not ids:
+        raise TandemError(f"no training prompt fits rollout.max_prompt_tokens={r.max_prompt_tokens}")
+    lens = [len(x) for x in ids]
+    models = [(contexts[0], lens)]
+    for ctx in contexts[1:]:
+        jl = lens if jtok is None else [len(jtok(render_prompt(jtok, examples[i].problem), add_special_tokens=False)["input_ids"])
+                                        for i in keep]
+        models.append((ctx, jl))
+    plan = fit_context(models, r.max_new_tokens, budget_key="rollout.max_new_tokens", prompt_key="rollout.max_prompt_tokens",
+                       max_prompt_tokens=r.max_prompt_tokens, what="train")
+    return [keep[i] for i in plan.keep], [ids[i] for i in plan.keep], plan
+
+
+def check_train_context(cfg, tok, jtok) -> None:
+    """The context check of a training run before any weights load: configs, tokenizers and the whole
+    training data (see :mod:`tandem_rlvr.context`)."""
+    from transformers import AutoConfig
+
+    from tandem_rlvr.data import load_examples
+
+    m, d = cfg.model, cfg.data
+    path = lambda name: str(Path(name).expanduser()) if Path(name).expanduser().exists() else name  # noqa: E731
+    config = AutoConfig.from_pretrained(path(m.senior), trust_remote_code=m.trust_remote_code)
+    jconfig = None if m.self_paired else AutoConfig.from_pretrained(path(m.junior), trust_remote_code=m.trust_remote_code)
+    examples = load_examples(d.train, d.train_split, problem_key=d.problem_key, answer_key=d.answer_key)
+    fit_train_prompts(cfg, examples, tok, train_contexts(cfg, tok, config, jtok, jconfig), jtok if m.bridge else None)
 
 
 def check_demo(out_dir: str | Path, *, junior: str, seeds: int | None, workers: int | None) -> None:

@@ -9,10 +9,11 @@ from tandem_rlvr.engines.inprocess import InProcessEngine
 
 
 def training_engine(cfg, pair, senior, schedule, *, eos_token_ids: Sequence[int], num_processes: int = 1,
-                    vllm_engine=None) -> Engine:
+                    vllm_engine=None, max_model_len: int | None = None) -> Engine:
     """The engine of a training run (rolling out ``schedule``): the text bridge for a junior with another tokenizer, else
     ``rollout.engine`` (``hf``: in-process in ``rollout.mode``, recording the junior's log-probs of
-    tandem rollouts; ``vllm``: ``vllm_engine`` or new vLLM engines)."""
+    tandem rollouts; ``vllm``: ``vllm_engine`` or new vLLM engines of ``max_model_len`` positions, the
+    context the run needs (:mod:`tandem_rlvr.context`))."""
     pad = pair.tokenizer.pad_token_id
     if pair.junior_tokenizer is not None:
         from tandem_rlvr.engines.bridge import BridgeEngine
@@ -24,7 +25,7 @@ def training_engine(cfg, pair, senior, schedule, *, eos_token_ids: Sequence[int]
         from tandem_rlvr.engines.vllm_backend import training_engine as vllm_engines
 
         return vllm_engines(cfg, uses_junior=schedule.name != "none", eos_token_ids=eos_token_ids, pad_token_id=pad,
-                            num_processes=num_processes)
+                            num_processes=num_processes, max_model_len=max_model_len)
     return InProcessEngine(senior, pair.junior, eos_token_ids=eos_token_ids, pad_token_id=pad, mode=cfg.rollout.mode,
                            record_junior=True)
 

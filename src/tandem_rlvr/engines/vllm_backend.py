@@ -29,11 +29,12 @@ the trainer recomputes the senior's old log-probs itself.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
-from tandem_rlvr.errors import ConfigError
+from tandem_rlvr.errors import ConfigError, TandemError
 from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import VLLM
 from tandem_rlvr.engines.handoff import Schedule, SequenceSchedule
@@ -85,10 +86,28 @@ def make_llm(model_path: str, *, dtype: str = "bfloat16", gpu_memory_utilization
         kwargs.setdefault("max_num_batched_tokens", max(16384, 8 * max_model_len))  # use offset"): chunk less
     if processes:
         kwargs.setdefault("worker_extension_cls", vp.EXTENSION)
-    with vp.engine_env(processes, cpu_bind):
-        return vllm.LLM(model=str(model_path), dtype=dtype, enable_prefix_caching=True, seed=seed,
-                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                        enforce_eager=enforce_eager, **kwargs)
+    try:
+        with vp.engine_env(processes, cpu_bind):
+            return vllm.LLM(model=str(model_path), dtype=dtype, enable_prefix_caching=True, seed=seed,
+                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                            enforce_eager=enforce_eager, **kwargs)
+    except Exception as e:  # noqa: BLE001 - vLLM, pydantic and torch raise many types while an engine starts
+        raise EngineSetupError(f"vLLM could not start an engine for {str(model_path)!r} with max_model_len={max_model_len} "
+                               f"and memory share {gpu_memory_utilization}: {_one_line(e)} ({SETUP_KEYS})") from e
+
+
+SETUP_KEYS = ("max_model_len comes from rollout.max_prompt_tokens + rollout.max_new_tokens, capped by model.max_context "
+              "(eval: --context, --max-new-tokens, --max-context); the memory share is rollout.vllm_memory (eval: --vllm-memory)")
+
+
+class EngineSetupError(TandemError):
+    """A dependency refused to start an engine; the message says which of our keys set what it refused."""
+
+
+def _one_line(e: BaseException, limit: int = 400) -> str:
+    """The exception's message on one line (pydantic's validation errors span several), cut at ``limit``."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _on_cpu() -> bool:
@@ -158,14 +177,15 @@ def push_model(llm, model) -> None:
 
 # -- engines for a training run -----------------------------------------------------------------------
 def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad_token_id: int,
-                    num_processes: int = 1, make=None) -> VLLMEngine:
+                    num_processes: int = 1, make=None, max_model_len: int | None = None) -> VLLMEngine:
     """The engines of a run with ``rollout.engine=vllm``: the senior's start weights and, for tandem
     rollouts, the junior (self-paired: the same start weights, never pushed; LoRA: the base).
 
     Each training process holds its own engines on its own device; with several processes they use
     vLLM's ``external_launcher`` executor, as colocated trainers do. ``rollout.vllm_processes``: each
     engine core in a process of its own (both engines decode at once; on the CPU backend they get
-    disjoint cores). ``make`` replaces :func:`make_llm` (tests).
+    disjoint cores). ``make`` replaces :func:`make_llm` (tests). ``max_model_len``: the context the run
+    needs (longest kept prompt + budget, capped at what the models read); default prompt + response budgets.
     """
     from tandem_rlvr.models import resolve_name
 
@@ -173,7 +193,9 @@ def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad
     make = make or make_llm
     processes = r.vllm_processes
     kw = dict(dtype=m.dtype, gpu_memory_utilization=r.vllm_memory, seed=cfg.train.seed,
-              max_model_len=r.max_prompt_tokens + r.max_new_tokens, trust_remote_code=m.trust_remote_code)
+              max_model_len=max_model_len or r.max_prompt_tokens + r.max_new_tokens, trust_remote_code=m.trust_remote_code)
+    if m.max_context:  # the user states the models read this far: vLLM would refuse more than their config says
+        os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
     if num_processes > 1 and processes:
         raise ConfigError(f"rollout.vllm_processes=true needs one training process, got {num_processes}: "
                          "vLLM's external_launcher executor runs the engine core in the training process")

@@ -50,7 +50,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     a("--curve-ps", default=None, help="comma-separated " + _h("curve_ps"))
     for name, kind in (("out", str), ("n", int), ("max_new_tokens", int), ("limit", int), ("seed", int),
                        ("batch_size", int), ("reward", str), ("temperature", float), ("top_p", float), ("top_k", int),
-                       ("max_rounds", int), ("context", int), ("split", str), ("problem_key", str),
+                       ("max_rounds", int), ("context", int), ("max_context", int), ("split", str), ("problem_key", str),
                        ("answer_key", str), ("id_key", str), ("dtype", str), ("device", str),
                        ("reward_timeout_s", float), ("reward_workers", int), ("chunk_tokens", int),
                        ("score_batch", int), ("vllm_memory", float)):
@@ -140,7 +140,8 @@ def resolve_options(args: argparse.Namespace) -> EvalOptions:
               (opts.context > 1 and opts.max_rounds >= 1, "context must be > 1 and max_rounds >= 1"),
               (opts.engine in ENGINES, f"engine must be {' or '.join(ENGINES)}, got {opts.engine!r}"),
               (opts.mode in MODES, f"mode must be {' or '.join(MODES)}, got {opts.mode!r}"),
-              (0 < opts.vllm_memory <= 1, "vllm_memory must be in (0, 1]")]
+              (0 < opts.vllm_memory <= 1, "vllm_memory must be in (0, 1]"),
+              (opts.max_context >= 0, "max_context must be >= 0 (0 = each model's own limit)")]
     for ok, msg in checks:
         if not ok:
             raise ConfigError(f"eval: {msg}")
@@ -245,27 +246,29 @@ def _pair_kwargs(opts: EvalOptions) -> dict:
                 progress=opts.progress, keep_chains=False)
 
 
-def _vllm_llm(opts: EvalOptions, path: str, dtype: str, index: int = 0):
-    """A vLLM engine over ``path`` for ``--engine vllm`` (``index``: 0 a senior's, 1 the junior's)."""
+def _vllm_llm(opts: EvalOptions, path: str, dtype: str, index: int = 0, max_model_len: int | None = None):
+    """A vLLM engine over ``path`` for ``--engine vllm`` (``index``: 0 a senior's, 1 the junior's), of
+    ``max_model_len`` positions: the farthest the chains reach (preflight's context check), else --context."""
     from tandem_rlvr.engines.vllm_backend import engine_placement, make_llm
 
     return make_llm(path, dtype=dtype, gpu_memory_utilization=opts.vllm_memory, seed=opts.seed,
-                    max_model_len=opts.context, trust_remote_code=opts.trust_remote_code,
+                    max_model_len=max_model_len or opts.context, trust_remote_code=opts.trust_remote_code,
                     **engine_placement(opts.vllm_processes, index, 2))
 
 
-def _engine(opts: EvalOptions, path: str, dtype: str, junior_llm, tok, senior, junior):
+def _engine(opts: EvalOptions, path: str, dtype: str, junior_llm, tok, senior, junior, max_model_len=None):
     """The rollout engine of one senior: in-process in ``--mode``, or the vLLM engines then in-process."""
     from tandem_rlvr.engines.factory import eval_engine
     from tandem_rlvr.models import eos_ids
 
-    llms = (_vllm_llm(opts, path, dtype), junior_llm) if opts.engine == "vllm" else None
+    llms = (_vllm_llm(opts, path, dtype, 0, max_model_len), junior_llm) if opts.engine == "vllm" else None
     return eval_engine(opts.engine, opts.mode, senior, junior, eos_token_ids=eos_ids(tok, senior),
                        pad_token_id=tok.pad_token_id, vllm_llms=llms)
 
 
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
-                 junior_llm=None, junior_name: str = "junior", junior_path: str | None = None, label: str | None = None) -> dict:
+                 junior_llm=None, junior_name: str = "junior", junior_path: str | None = None, label: str | None = None,
+                 reach: dict | None = None) -> dict:
     from tandem_rlvr.evaluation.crosstok import evaluate_any_pair, same_vocabulary, template_kind
     from tandem_rlvr.io import atomic_write_json
     from tandem_rlvr.evaluation.metrics import macro_average
@@ -288,7 +291,7 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
             senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
                                            role=f"senior {name!r}")).to(device)
             if same_vocabulary(senior, junior, tok, junior_tok):
-                engine = _engine(opts, path, dtype, junior_llm, tok, senior, junior)
+                engine = _engine(opts, path, dtype, junior_llm, tok, senior, junior, (reach or {}).get(path))
             elif opts.engine == "vllm":
                 from tandem_rlvr.config import ConfigError
 
@@ -334,7 +337,8 @@ def run_eval(opts: EvalOptions) -> dict:
     device, dtype = _device_dtype(opts)
     benches = _load_benchmarks(opts)
     juniors = opts.juniors or {Path(opts.junior.rstrip("/")).name or opts.junior: opts.junior}
-    preflight.check_eval(opts, juniors)  # every model's config and tokenizer, the output directory: before any forward pass
+    # every model's config, tokenizer and context, the output directory: before any forward pass
+    reach = preflight.check_eval(opts, juniors, benches)
     t0 = time.perf_counter()
     results, pairs = {}, {}
     with open_scorer(opts.reward, opts.reward_timeout_s, opts.reward_workers) as scorer:
@@ -342,11 +346,11 @@ def run_eval(opts: EvalOptions) -> dict:
             trc, role = opts.trust_remote_code, f"junior {jname!r}" if len(juniors) > 1 else "junior"
             junior_tok = load_tokenizer(jpath, trust_remote_code=trc, role=role)
             junior = freeze(load_causal_lm(jpath, dtype=dtype, trust_remote_code=trc, role=role)).to(device)
-            junior_llm = _vllm_llm(opts, jpath, dtype, 1) if opts.engine == "vllm" else None
+            junior_llm = _vllm_llm(opts, jpath, dtype, 1, reach.get(jpath)) if opts.engine == "vllm" else None
             for name, path in opts.seniors.items():
                 label = f"{name}+{jname}" if len(juniors) > 1 else name
                 results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, junior_llm,
-                                              jname, jpath, label)
+                                              jname, jpath, label, reach)
                 pairs[label] = (name, jname)
             del junior, junior_llm
             gc.collect()

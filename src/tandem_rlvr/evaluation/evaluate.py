@@ -454,6 +454,7 @@ def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = Non
     random numbers (lower-variance checkpoint selection). A user reward ``package.module:function`` (or
     ``reward_fn``) is scored in-process, as in training; the built-in ones in time-limited workers.
     """
+    from tandem_rlvr.context import model_context
     from tandem_rlvr.rewards import import_reward
 
     examples = _val_examples(cfg)
@@ -461,8 +462,10 @@ def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = Non
     was_training = bool(getattr(senior, "training", False))
     senior.eval()
     reward_fn = reward_fn or import_reward(cfg.data.reward)  # a user's function runs in-process, as in training
+    # the senior never runs past what it reads (tandem_rlvr.context): longer prompts are skipped, budgets cut there
+    limit = model_context("senior", cfg.model.senior, getattr(senior, "config", None), tokenizer, cfg.model.max_context).limit
     run = dict(n=cfg.val.n, sampling=sampling, seed=cfg.train.seed, batch_size=cfg.rollout.batch_size or 64,
-               context=None, max_prompt_tokens=cfg.rollout.max_prompt_tokens)
+               context=limit, max_prompt_tokens=cfg.rollout.max_prompt_tokens)
     try:
         if reward_fn is not None:
             m, _ = solo_eval(senior, tokenizer, examples, reward_fn=reward_fn, **run)

@@ -67,7 +67,7 @@ class Trainer:
         self.tok = self.pair.tokenizer
         self.eos = eos_ids(self.tok, self.pair.senior)
         self.examples = examples if examples is not None else _load_train(cfg)
-        self.prompts, self.prompt_example = _encode_prompts(self.tok, self.examples, cfg.rollout.max_prompt_tokens)
+        self.prompt_example, self.prompts, self.context = _fit_prompts(cfg, self.pair, self.examples)
         self.bridge = self.pair.junior_tokenizer is not None
         self.reward_fn = reward_fn if reward_fn is not None else import_reward(cfg.data.reward)
         self.text_metrics = text_metrics
@@ -91,7 +91,7 @@ class Trainer:
             self.junior.to(self.acc.device)
         self.engine = training_engine(cfg, self.pair, self.acc.unwrap_model(self.senior), self.schedule,
                                       eos_token_ids=self.eos, num_processes=self.acc.num_processes,
-                                      vllm_engine=vllm_engine)
+                                      vllm_engine=vllm_engine, max_model_len=self.context.engine_len)
         self.engine.check(self.schedule)
         self.scorer = None
         self.step = 0
@@ -463,13 +463,11 @@ def _load_train(cfg: Config):
                          answer_key=cfg.data.answer_key)
 
 
-def _encode_prompts(tok, examples, max_prompt_tokens: int) -> tuple[list[list[int]], list[int]]:
-    from tandem_rlvr.data import encode_prompts
-
-    keep, ids = encode_prompts(tok, examples, max_prompt_tokens=max_prompt_tokens, what="data (rollout.max_prompt_tokens)")
-    if not ids:
-        raise TandemError(f"no training prompt fits rollout.max_prompt_tokens={max_prompt_tokens}")
-    return ids, keep
+def _fit_prompts(cfg: Config, pair, examples):
+    """The prompts the run trains on: within rollout.max_prompt_tokens and every model's context (preflight)."""
+    contexts = preflight.train_contexts(cfg, pair.tokenizer, pair.senior.config, pair.junior_tokenizer,
+                                        getattr(pair.junior, "config", None))
+    return preflight.fit_train_prompts(cfg, examples, pair.tokenizer, contexts, pair.junior_tokenizer)
 
 
 def train(cfg: Config, *, restart: bool = False, **kw) -> Path:
