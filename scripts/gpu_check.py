@@ -6,7 +6,9 @@
 Prints, for each arm, the generated tokens per second of the rollout, the step time and its parts,
 peak GPU memory, and the TRLVR / GRPO ratios; writes them to ``OUT/gpu_check.json``. Everything is
 local: the training problems are synthetic arithmetic (``\\boxed{}`` answers scored by exact match),
-so no hub or dataset access is needed. Nothing is checkpointed.
+so no hub or dataset access is needed. Nothing is checkpointed. With ``--engines hf,vllm`` each arm
+runs on both engines: on ``vllm`` TRLVR decodes on the dual engine (one vLLM engine holding both
+models, one request per rollout; ``tandem_rlvr.engines.vllm_dual``) and GRPO on a plain one.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def test_a_dependency_refusing_an_engine_is_one_line_naming_our_keys(monkeypatch
 
     monkeypatch.setattr(vb, "_require_vllm", lambda: SimpleNamespace(LLM=FakeLLM))
     monkeypatch.setattr(vb, "_on_cpu", lambda: False)
-    monkeypatch.setattr(vb.vp, "engine_env", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(vb, "engine_env", lambda *a: contextlib.nullcontext())
     with pytest.raises(vb.EngineSetupError) as e:
         vb.make_llm("some/model", max_model_len=1056)
     msg = str(e.value)

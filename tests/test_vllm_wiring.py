@@ -1,10 +1,10 @@
 """``rollout.engine=vllm`` and ``eval --engine vllm``: the trainer's rollouts come from the vLLM engines
-and the senior's weights reach them after every update and on resume; evaluation samples its solo and
-step-handoff chains there.
+(the dual engine for tandem arms, a plain one for solo arms) and the senior's weights reach them after
+every update and on resume; evaluation samples its solo and handoff chains there.
 
-The engines here are stand-ins with ``vllm.LLM``'s surface (``generate``, ``collective_rpc``,
-``reset_prefix_cache``) backed by the in-process engine; the real engines are exercised by the slow
-tests of ``tests/test_vllm.py``.
+The engines here are stand-ins with ``vllm.LLM``'s ``generate`` backed by the in-process engine (a dual
+stand-in writes junior tokens as id + V, as the real dual model does); the real engines are exercised
+by the slow tests of ``tests/test_vllm_dual.py`` and ``tests/test_vllm.py``.
 """
 
 import copy
@@ -12,66 +12,100 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import make_tiny_model
 from test_trainer import EXAMPLES, length_reward
-from test_vllm import GreedyStandIn
 
-from tandem_rlvr.engines.bridge import decode_turn
 from tandem_rlvr.config import ConfigError, load_config
-from tandem_rlvr.models import Pair, freeze
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.engines.rollout import Sampling, generate
-from tandem_rlvr.training.trainer import Trainer
 from tandem_rlvr.engines.vllm_backend import VLLMEngine
-from conftest import make_tiny_model
+from tandem_rlvr.engines.vllm_dual import DualVLLMEngine
+from tandem_rlvr.models import Pair, freeze
+from tandem_rlvr.training.trainer import Trainer
 
 NEAR_GREEDY = 1e-5  # the trainer needs temperature > 0; this close to 0 sampling is the argmax
 
 
-class EngineStandIn:
-    """An engine that decodes greedily with its own copy of the weights and records each push."""
+def _sampling(params) -> Sampling:
+    """The call's sampling (NEAR_GREEDY as greedy, so that rollouts can be compared with the in-process engine's)."""
+    t = params[0].temperature
+    assert all(sp.temperature == t for sp in params)
+    return Sampling(max(sp.max_tokens for sp in params), 0 if t == NEAR_GREEDY else t)
 
-    def __init__(self, model, tok):
-        self.model = copy.deepcopy(model)
-        self.inner = GreedyStandIn(self.model, tok)
-        self.pushes: list[dict[str, torch.Tensor]] = []
-        self.cache_resets = 0
+
+def _pad(tok, reqs):
+    enc = tok.pad({"input_ids": [r["prompt_token_ids"] for r in reqs]}, return_tensors="pt", padding=True)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def _outputs(rows):
+    return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=r)]) for r in rows]
+
+
+class DualStandIn:
+    """A dual engine's ``vllm.LLM``: the in-process engine over its own copies of both models, the schedule and
+    coins of each call's ``extra_args["tandem"]``, junior tokens written as id + V, a row that reaches
+    ``max_rounds`` ended by the sentinel 2V."""
+
+    def __init__(self, senior, junior, tok):
+        self.senior, self.junior, self.tok = copy.deepcopy(senior), junior, tok
+        self.tandem_vocab = V = len(tok)
         self.requests = 0
+        self.V = V
 
     def generate(self, reqs, params, use_tqdm=False):
         self.requests += len(reqs)
-        if all(sp.temperature == 0 for sp in params):
-            return self.inner.generate(reqs, params)
-        if all(sp.temperature == NEAR_GREEDY for sp in params):
-            return self.inner.generate(reqs, [SimpleNamespace(**{**vars(sp), "temperature": 0}) for sp in params])
-        gen = torch.Generator().manual_seed(params[0].seed)  # sampled: a turn (or a whole solo answer) per request
-        budgets = [sp.max_tokens for sp in params]
-        if params[0].stop:
-            turns = decode_turn(self.inner.side, [r["prompt_token_ids"] for r in reqs], budgets,
-                                Sampling(1, params[0].temperature), gen)
-            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=t.ids)]) for t in turns]
-        tok = self.inner.tok
-        enc = tok.pad({"input_ids": [r["prompt_token_ids"] for r in reqs]}, return_tensors="pt", padding=True)
-        solo = generate(self.model, None, enc["input_ids"], enc["attention_mask"], make_schedule("none"),
-                        Sampling(max(budgets), params[0].temperature), eos_token_ids=params[0].stop_token_ids,
-                        pad_token_id=tok.pad_token_id, seed=params[0].seed)
-        n_B = solo.response_mask_BT.sum(-1).tolist()
-        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=solo.response_ids_BT[b, :n].tolist())])
-                for b, n in enumerate(n_B)]
-
-    def collective_rpc(self, method, args=(), kwargs=None):  # vllm_procs.push_weights_file: a safetensors file
-        from safetensors.torch import load_file
-
-        from tandem_rlvr.engines.vllm_procs import LOAD_METHOD
-
-        assert method == LOAD_METHOD and not kwargs
-        weights = load_file(args[0])
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        assert not unexpected and all("lm_head" in n for n in missing), (missing, unexpected)
-        self.pushes.append(weights)
-        return [len(weights)]
+        a = params[0].extra_args["tandem"]
+        assert all(sp.extra_args["tandem"]["b"] == b for b, sp in enumerate(params)) and a["n"] == len(reqs)
+        schedule = make_schedule(a["schedule"], self.tok, p=a["p"], max_gap=a["max_gap"], chunk_size=a["chunk_size"])
+        sampling = _sampling(params)
+        ro = generate(self.senior, self.junior if schedule.name != "none" else None, *_pad(self.tok, reqs), schedule,
+                      sampling, eos_token_ids=[e for e in params[0].stop_token_ids if e < self.V],
+                      pad_token_id=self.tok.pad_token_id, seed=a["seed"], max_rounds=a["max_rounds"], record_junior=False)
+        rows = []
+        for b in range(len(reqs)):
+            n = int(ro.response_mask_BT[b].sum())
+            row = [i if o else i + self.V for i, o in zip(ro.response_ids_BT[b, :n].tolist(), ro.owner_BT[b, :n].tolist())]
+            if not bool(ro.finished_B[b]) and n < sampling.max_new_tokens:
+                row.append(2 * self.V)
+            rows.append(row)
+        return _outputs(rows)
 
     def reset_prefix_cache(self):
-        self.cache_resets += 1
+        pass
+
+
+class StandInDual(DualVLLMEngine):
+    """The dual engine over a :class:`DualStandIn`: pushes and solo switches recorded, not sent to a worker."""
+
+    def __init__(self, llm, tok):
+        super().__init__(llm, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                         sampling_params_cls=lambda **k: SimpleNamespace(**k))
+        self.pushes: list[dict[str, torch.Tensor]] = []
+        self.solo_calls: list[bool] = []
+
+    def set_solo(self, solo: bool) -> None:
+        self.solo_calls.append(solo)
+
+    def sync_senior(self, model) -> None:
+        from tandem_rlvr.engines.vllm_backend import vllm_weights
+
+        with vllm_weights(model) as weights:
+            pushed = {n: w.detach().clone() for n, w in weights}
+        self.llm.senior.load_state_dict(pushed, strict=False)
+        self.pushes.append(pushed)
+
+
+class SoloStandIn:
+    """A plain engine's ``vllm.LLM``: greedy solo decoding of its own copy of the senior."""
+
+    def __init__(self, model, tok):
+        self.model, self.tok = copy.deepcopy(model), tok
+
+    def generate(self, reqs, params, use_tqdm=False):
+        ro = generate(self.model, None, *_pad(self.tok, reqs), make_schedule("none"), _sampling(params),
+                      eos_token_ids=params[0].stop_token_ids, pad_token_id=self.tok.pad_token_id)
+        return _outputs([ro.response_ids_BT[b, :int(ro.response_mask_BT[b].sum())].tolist() for b in range(len(reqs))])
 
 
 @pytest.fixture(scope="module")
@@ -85,66 +119,66 @@ def _cfg(tmp_path, arm, engine, *extra, temperature=NEAR_GREEDY):
             f"rollout.temperature={temperature}", f"rollout.engine={engine}", f"train.out_dir={tmp_path / engine}",
             "algo.lr=1e-3", "train.save_every=1", "train.progress=false", *extra]
     if arm == "trlvr":
-        over += ["handoff.schedule=step", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]"]
+        over += ["handoff.schedule=word", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]"]
     return load_config(None, over)
 
 
-def _trainer(cfg, tokenizer, models, engines=None):
+def _trainer(cfg, tokenizer, models, engine=None):
     s, j = models
-    vllm = None
-    if engines is not None:
-        vllm = VLLMEngine(*engines, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
-                          sampling_params_cls=lambda **k: SimpleNamespace(**k))
     return Trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
-                   examples=EXAMPLES, vllm_engine=vllm)
+                   examples=EXAMPLES, vllm_engine=engine)
+
+
+def _engine(arm, tokenizer, models):
+    if arm == "trlvr":
+        return StandInDual(DualStandIn(*models, tokenizer), tokenizer)
+    return VLLMEngine(SoloStandIn(models[0], tokenizer), eos_token_ids=[tokenizer.eos_token_id],
+                      pad_token_id=tokenizer.pad_token_id, sampling_params_cls=lambda **k: SimpleNamespace(**k))
 
 
 @pytest.mark.parametrize("arm", ["trlvr", "grpo"])
 def test_training_rollouts_come_from_the_engines_and_match_in_process(tmp_path, tokenizer, models, arm):
     ref = _trainer(_cfg(tmp_path, arm, "hf"), tokenizer, models).rollout(0)[0]
-    engines = (EngineStandIn(models[0], tokenizer), EngineStandIn(models[1], tokenizer))
-    got = _trainer(_cfg(tmp_path, arm, "vllm"), tokenizer, models, engines).rollout(0)[0]
-    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "finished_B", "turn_author_BT", "decisions_B", "senior_decisions_B"):
+    got = _trainer(_cfg(tmp_path, arm, "vllm"), tokenizer, models, _engine(arm, tokenizer, models)).rollout(0)[0]
+    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "finished_B", "turn_author_BT", "decisions_B",
+                 "senior_decisions_B"):
         assert torch.equal(getattr(ref, name).long(), getattr(got, name).long()), name
     owners = got.owner_BT[got.response_mask_BT.bool()]
     if arm == "trlvr":
-        assert 0 < float(owners.float().mean()) < 1, "the step schedule must hand off in this fixture"
+        assert 0 < float(owners.float().mean()) < 1, "the word schedule must hand off in this fixture"
     else:
         assert bool(owners.all())
 
 
-def test_weights_reach_the_senior_engine_after_every_update_and_on_resume(tmp_path, tokenizer, models):
-    engines = (EngineStandIn(models[0], tokenizer), EngineStandIn(models[1], tokenizer))
-    cfg = _cfg(tmp_path, "trlvr", "vllm", temperature=1.0)
-    tr = _trainer(cfg, tokenizer, models, engines)
+def test_weights_reach_the_senior_stack_after_every_update_and_on_resume(tmp_path, tokenizer, models):
+    engine = _engine("trlvr", tokenizer, models)
+    tr = _trainer(_cfg(tmp_path, "trlvr", "vllm", temperature=1.0), tokenizer, models, engine)
     tr.train()
-    senior_engine, junior_engine = engines
-    assert len(senior_engine.pushes) == 2 and senior_engine.cache_resets == 2
-    assert junior_engine.pushes == [], "the junior's engine is never pushed"
+    assert len(engine.pushes) == 2
+    assert all(torch.equal(a, b) for a, b in zip(engine.llm.junior.parameters(), models[1].parameters())), \
+        "the junior stack is never pushed"
     final = dict(tr.acc.unwrap_model(tr.senior).named_parameters())
     start = dict(models[0].named_parameters())
     assert any(not torch.equal(final[n].detach(), start[n].detach()) for n in final), "the senior must have trained"
-    for n, w in senior_engine.pushes[-1].items():
+    for n, w in engine.pushes[-1].items():
         assert torch.equal(w, final[n].detach()), n
-    first, second = senior_engine.pushes
+    first, second = engine.pushes
     assert any(not torch.equal(first[n], second[n]) for n in first), "each push carries that step's update"
 
-    resumed_engines = (EngineStandIn(models[0], tokenizer), EngineStandIn(models[1], tokenizer))
-    more = _cfg(tmp_path, "trlvr", "vllm", "train.steps=3", temperature=1.0)
-    tr2 = _trainer(more, tokenizer, models, resumed_engines)
+    resumed = _engine("trlvr", tokenizer, models)
+    tr2 = _trainer(_cfg(tmp_path, "trlvr", "vllm", "train.steps=3", temperature=1.0), tokenizer, models, resumed)
     tr2.train()
-    first = resumed_engines[0].pushes[0]  # on resume, before any rollout: the checkpoint's weights
-    for n, w in first.items():
+    for n, w in resumed.pushes[0].items():  # on resume, before any rollout: the checkpoint's weights
         assert torch.equal(w, final[n].detach()), n
-    assert len(resumed_engines[0].pushes) == 2
+    assert len(resumed.pushes) == 2
 
 
 @pytest.mark.parametrize("extra,match", [
     (["rollout.engine=sglang"], "must be hf or vllm"),
     (["algo.arm=trlvr", "handoff.schedule=word", "rollout.vllm_timeout_s=0"], "vllm_timeout_s"),
-    (["algo.arm=trlvr", "handoff.schedule=bernoulli", "rollout.vllm_in_flight=-1"], "vllm_in_flight"),
     (["algo.arm=trlvr", "handoff.schedule=step", "model.bridge=true"], "text bridge"),
     (["algo.arm=grpo", "rollout.vllm_memory=0"], "vllm_memory"),
+    (["rollout.vllm_processes=true"], "vllm_processes"),  # the two-engine mode is gone: an unknown key
 ])
 def test_vllm_engine_config_errors_name_the_key(extra, match):
     over = ["model.senior=s", "model.junior=j", "rollout.engine=vllm", *extra]
@@ -159,37 +193,29 @@ def test_grpo_with_word_schedule_key_is_fine_on_vllm():
     assert cfg.rollout.engine == "vllm"
 
 
-def test_evaluation_samples_solo_and_handoff_chains_on_the_engines(tokenizer, models):
+def test_evaluation_samples_every_chain_on_the_dual_engine_and_solo_on_the_senior_stack(tokenizer, models):
     from tandem_rlvr.evaluation.evaluate import evaluate_pair
 
-    kw = dict(n=2, sampling=Sampling(16, 0.0), reward_fn=length_reward, curve_ps=None, progress=False)
+    kw = dict(n=2, sampling=Sampling(16, 0.0), reward_fn=length_reward, curve_ps=[1.0, 0.5], progress=False)
     ref, ref_chains = evaluate_pair(*models, tokenizer, EXAMPLES[:5], **kw)
-    engines = (EngineStandIn(models[0], tokenizer), EngineStandIn(models[1], tokenizer))
-    engine = VLLMEngine(*engines, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
-                        sampling_params_cls=lambda **k: SimpleNamespace(**k))
+    engine = _engine("trlvr", tokenizer, models)
     got, got_chains = evaluate_pair(*models, tokenizer, EXAMPLES[:5], engine=engine, **kw)
-    assert engines[0].requests >= 10 and engines[1].requests > 0, "solo and handoff chains come from the engines"
+    assert engine.llm.requests >= 30, "solo, handoff and curve chains come from the engine"
+    assert True in engine.solo_calls and False in engine.solo_calls, "solo chains run the senior stack alone"
     assert ref["handoff_rounds"] > 1, "the fixture must hand off"
     assert got == ref
     assert got_chains == ref_chains
 
 
-def test_eval_vllm_processes_flag_places_senior_and_junior_engines(monkeypatch):
-    """``tandem-rlvr eval --engine vllm --vllm-processes``: each engine's core in a process of its own, the
-    senior's and the junior's on different CPU cores; without the flag both in this process."""
+def test_eval_on_vllm_starts_one_dual_engine_per_senior_with_the_junior(monkeypatch):
     from tandem_rlvr.cli import build_parser
-    from tandem_rlvr.engines import vllm_backend, vllm_procs
+    from tandem_rlvr.engines import vllm_dual
     from tandem_rlvr.evaluation import eval_cli
 
-    monkeypatch.setattr(vllm_backend, "_on_cpu", lambda: True)
-    monkeypatch.setattr(vllm_procs, "cpu_binds", lambda n: ["0", "1"][:n])
     made = []
-    monkeypatch.setattr(vllm_backend, "make_llm", lambda path, **kw: made.append(kw))
+    monkeypatch.setattr(vllm_dual, "make_dual_llm", lambda s, j, **kw: made.append((s, j, kw["max_model_len"])))
     base = ["eval", "--senior", "s", "--junior", "j", "--benchmark", "gsm8k", "--engine", "vllm"]
-    for flags, want in ((["--vllm-processes"], [{"processes": True, "cpu_bind": "0"}, {"processes": True, "cpu_bind": "1"}]),
-                        ([], [{}, {}])):
-        made.clear()
-        opts = eval_cli.resolve_options(build_parser().parse_args(base + flags))
-        assert opts.vllm_processes is bool(flags)
-        eval_cli._vllm_llm(opts, "s", "float32", 0), eval_cli._vllm_llm(opts, "j", "float32", 1)
-        assert [{k: kw[k] for k in ("processes", "cpu_bind") if k in kw} for kw in made] == want
+    opts = eval_cli.resolve_options(build_parser().parse_args(base))
+    eval_cli._vllm_llm(opts, "s", "j", "float32", 700)
+    eval_cli._vllm_llm(opts, "s", "j", "float32")
+    assert made == [("s", "j", 700), ("s", "j", opts.context)]

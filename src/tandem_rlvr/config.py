@@ -78,12 +78,10 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     batch_size: int = _f(0, "Rollouts per engine call (0 = all of this process's rollouts of the step at once). A multiple of group_size.")
-    engine: str = _f("hf", "Rollout engine: hf (in-process, every schedule) or vllm (vLLM engines, every schedule: word/bernoulli/chunk through a turn driver; needs tandem-rlvr[vllm]). A junior with another tokenizer (model.bridge) always uses the text bridge (step/alternate).")
+    engine: str = _f("hf", "Rollout engine: hf (in-process, every schedule) or vllm (every schedule; tandem rollouts on one vLLM engine that holds both models and decodes each rollout as one request, solo arms on a plain vLLM engine of the senior; needs tandem-rlvr[vllm]). A junior with another tokenizer (model.bridge) always uses the text bridge (step/alternate).")
     mode: str = _f("lockstep", "How the in-process engine keeps both models in step (same tokens, owners and log-probs on the same seed): lockstep (both models read every token: one forward each per token) or catchup (a model runs only when it writes, then reads the tokens it missed in one forward; wins with small batches and long turns).")
-    vllm_memory: float = _f(0.3, "Share of the accelerator's memory each vLLM engine may take (senior and junior engines share the device with training).")
-    vllm_timeout_s: float = _f(600.0, "Stop the run (the last checkpoint is kept) when a vLLM engine step does not answer within this many seconds.")
-    vllm_in_flight: int = _f(0, "Most vLLM requests in flight at once for word/bernoulli/chunk turns (0 = every rollout of the engine call).")
-    vllm_processes: bool = _f(False, "Run each vLLM engine's core (scheduler and model) in a process of its own, so the senior's and junior's engines decode at the same time (word/bernoulli/chunk turns); weights are pushed through a safetensors file; on CPUs each engine gets its own cores. Needs a single training process; off: both engines in the trainer's process, stepped in turn.")
+    vllm_memory: float = _f(0.3, "Share of the accelerator's memory the vLLM engine may take (it shares the device with training).")
+    vllm_timeout_s: float = _f(600.0, "Stop the run (the last checkpoint is kept) when a vLLM rollout or weight push does not finish within this many seconds.")
 
 
 @dataclass
@@ -185,10 +183,9 @@ class EvalOptions:
     score_batch: int = _f(8, "Chains per teacher-forced scoring forward.")
     progress: bool = _f(True, "Show progress bars.")
     overwrite: bool = _f(False, "Recompute finished (senior, benchmark) parts instead of reusing them.")
-    engine: str = _f("hf", "Sampler of the chains: hf (in-process) or vllm (every chain, the word-handoff curve too, on vLLM engines; needs tandem-rlvr[vllm] and one vocabulary).")
+    engine: str = _f("hf", "Sampler of the chains: hf (in-process) or vllm (every chain, the word-handoff curve too, on one vLLM engine per senior that holds it and the junior; needs tandem-rlvr[vllm] and one vocabulary).")
     mode: str = _f("lockstep", "In-process engine mode, as rollout.mode: lockstep or catchup (same chains).")
-    vllm_memory: float = _f(0.3, "Share of the GPU each vLLM engine may take.")
-    vllm_processes: bool = _f(False, "As rollout.vllm_processes: each vLLM engine's core in a process of its own (senior and junior decode at once).")
+    vllm_memory: float = _f(0.3, "Share of the GPU the vLLM engine may take.")
 
 
 def eval_default(name: str) -> Any:
@@ -389,7 +386,6 @@ def validate(cfg: Config) -> None:
         (r.mode in MODES, "rollout.mode", f"must be {' or '.join(MODES)}, got {r.mode!r}"),
         (engine_why is None, engine_key, engine_why),
         (r.vllm_timeout_s > 0, "rollout.vllm_timeout_s", f"must be > 0, got {r.vllm_timeout_s}"),
-        (r.vllm_in_flight >= 0, "rollout.vllm_in_flight", f"must be >= 0, got {r.vllm_in_flight}"),
         (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
         (t.fsdp in FSDP_MODES, "train.fsdp", f"must be {', '.join(FSDP_MODES[:-1])} or {FSDP_MODES[-1]}, got {t.fsdp!r}"),

@@ -22,7 +22,7 @@ def training_engine(cfg, pair, senior, schedule, *, eos_token_ids: Sequence[int]
     if cfg.rollout.engine == "vllm":
         if vllm_engine is not None:
             return vllm_engine
-        from tandem_rlvr.engines.vllm_backend import training_engine as vllm_engines
+        from tandem_rlvr.engines.vllm_dual import training_engine as vllm_engines
 
         return vllm_engines(cfg, uses_junior=schedule.name != "none", eos_token_ids=eos_token_ids, pad_token_id=pad,
                             num_processes=num_processes, max_model_len=max_model_len)
@@ -31,13 +31,13 @@ def training_engine(cfg, pair, senior, schedule, *, eos_token_ids: Sequence[int]
 
 
 def eval_engine(kind: str, mode: str, senior, junior, *, eos_token_ids: Sequence[int], pad_token_id: int,
-                vllm_llms=None) -> Engine:
-    """The engine of an evaluation: in-process (``kind`` ``hf``, in ``mode``), or for ``vllm`` the vLLM
-    engines ``vllm_llms = (senior_llm, junior_llm)`` for what they serve, then in-process for the rest
-    (nothing since vLLM serves every schedule; kept so an engine that serves fewer still works)."""
+                vllm_llm=None) -> Engine:
+    """The engine of an evaluation: in-process (``kind`` ``hf``, in ``mode``), or for ``vllm`` the dual vLLM
+    engine ``vllm_llm`` for what it serves (every schedule, solo on the senior stack alone), then in-process
+    for the rest (nothing today; kept so an engine that serves fewer still works)."""
     local = InProcessEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, mode=mode)
     if kind != "vllm":
         return local
-    from tandem_rlvr.engines.vllm_backend import VLLMEngine
+    from tandem_rlvr.engines.vllm_dual import DualVLLMEngine
 
-    return FirstServing(VLLMEngine(*vllm_llms, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id), local)
+    return FirstServing(DualVLLMEngine(vllm_llm, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id), local)

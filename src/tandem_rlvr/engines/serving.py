@@ -35,8 +35,10 @@ class Serves:
 
 
 IN_PROCESS = Serves("in-process", SCHEDULES)
-VLLM = Serves("vllm", ("none", "step", "alternate", "word", "bernoulli", "chunk"),  # word/bernoulli/chunk: engines.vllm_turns
+VLLM = Serves("vllm", ("none", "step", "alternate", "word", "bernoulli", "chunk"),  # the dual engine (engines.vllm_dual)
               "vLLM serves every handoff schedule of tandem_rlvr.engines.handoff; this one is not among them")
+VLLM_SOLO = Serves("vllm solo", ("none",), "a plain vLLM engine holds the senior alone (solo arms); tandem "
+                   "rollouts run on the dual engine (tandem_rlvr.engines.vllm_dual)")
 BRIDGE = Serves(
     "text bridge", ("step", "alternate"),
     "the senior and junior tokenizers differ, so a handoff can only fall at a step end, where both read the "

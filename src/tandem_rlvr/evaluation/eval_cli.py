@@ -57,7 +57,6 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
         a("--" + name.replace("_", "-"), type=kind, default=None, help=_h(name))
     a("--engine", choices=ENGINES, default=None, help=_h("engine"))
     a("--mode", choices=MODES, default=None, help=_h("mode"))
-    a("--vllm-processes", dest="vllm_processes", action="store_const", const=True, default=None, help=_h("vllm_processes"))
     a("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True, default=None,
       help=_h("trust_remote_code"))
     a("--no-progress", dest="progress", action="store_const", const=False, default=None, help="no progress bars")
@@ -246,28 +245,27 @@ def _pair_kwargs(opts: EvalOptions) -> dict:
                 progress=opts.progress, keep_chains=False)
 
 
-def _vllm_llm(opts: EvalOptions, path: str, dtype: str, index: int = 0, max_model_len: int | None = None):
-    """A vLLM engine over ``path`` for ``--engine vllm`` (``index``: 0 a senior's, 1 the junior's), of
-    ``max_model_len`` positions: the farthest the chains reach (preflight's context check), else --context."""
-    from tandem_rlvr.engines.vllm_backend import engine_placement, make_llm
+def _vllm_llm(opts: EvalOptions, path: str, junior_path: str, dtype: str, max_model_len: int | None = None):
+    """The dual vLLM engine of a senior and the junior for ``--engine vllm``, of ``max_model_len`` positions:
+    the farthest the chains reach (preflight's context check), else --context."""
+    from tandem_rlvr.engines.vllm_dual import make_dual_llm
 
-    return make_llm(path, dtype=dtype, gpu_memory_utilization=opts.vllm_memory, seed=opts.seed,
-                    max_model_len=max_model_len or opts.context, trust_remote_code=opts.trust_remote_code,
-                    **engine_placement(opts.vllm_processes, index, 2))
+    return make_dual_llm(path, junior_path, dtype=dtype, gpu_memory_utilization=opts.vllm_memory, seed=opts.seed,
+                         max_model_len=max_model_len or opts.context, trust_remote_code=opts.trust_remote_code)
 
 
-def _engine(opts: EvalOptions, path: str, dtype: str, junior_llm, tok, senior, junior, max_model_len=None):
-    """The rollout engine of one senior: in-process in ``--mode``, or the vLLM engines then in-process."""
+def _engine(opts: EvalOptions, path: str, junior_path: str, dtype: str, tok, senior, junior, max_model_len=None):
+    """The rollout engine of one senior: in-process in ``--mode``, or the dual vLLM engine."""
     from tandem_rlvr.engines.factory import eval_engine
     from tandem_rlvr.models import eos_ids
 
-    llms = (_vllm_llm(opts, path, dtype, 0, max_model_len), junior_llm) if opts.engine == "vllm" else None
+    llm = _vllm_llm(opts, path, junior_path, dtype, max_model_len) if opts.engine == "vllm" else None
     return eval_engine(opts.engine, opts.mode, senior, junior, eos_token_ids=eos_ids(tok, senior),
-                       pad_token_id=tok.pad_token_id, vllm_llms=llms)
+                       pad_token_id=tok.pad_token_id, vllm_llm=llm)
 
 
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
-                 junior_llm=None, junior_name: str = "junior", junior_path: str | None = None, label: str | None = None,
+                 junior_name: str = "junior", junior_path: str | None = None, label: str | None = None,
                  reach: dict | None = None) -> dict:
     from tandem_rlvr.evaluation.crosstok import evaluate_any_pair, same_vocabulary, template_kind
     from tandem_rlvr.io import atomic_write_json
@@ -291,7 +289,8 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
             senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
                                            role=f"senior {name!r}")).to(device)
             if same_vocabulary(senior, junior, tok, junior_tok):
-                engine = _engine(opts, path, dtype, junior_llm, tok, senior, junior, (reach or {}).get(path))
+                engine = _engine(opts, path, junior_path or opts.junior, dtype, tok, senior, junior,
+                                 (reach or {}).get(path))
             elif opts.engine == "vllm":
                 from tandem_rlvr.config import ConfigError
 
@@ -346,13 +345,12 @@ def run_eval(opts: EvalOptions) -> dict:
             trc, role = opts.trust_remote_code, f"junior {jname!r}" if len(juniors) > 1 else "junior"
             junior_tok = load_tokenizer(jpath, trust_remote_code=trc, role=role)
             junior = freeze(load_causal_lm(jpath, dtype=dtype, trust_remote_code=trc, role=role)).to(device)
-            junior_llm = _vllm_llm(opts, jpath, dtype, 1, reach.get(jpath)) if opts.engine == "vllm" else None
             for name, path in opts.seniors.items():
                 label = f"{name}+{jname}" if len(juniors) > 1 else name
-                results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, junior_llm,
-                                              jname, jpath, label, reach)
+                results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, jname, jpath,
+                                              label, reach)
                 pairs[label] = (name, jname)
-            del junior, junior_llm
+            del junior
             gc.collect()
     settings = _settings(opts, benches) | {"elapsed_s": time.perf_counter() - t0}
     matrix = _matrix(results, pairs)

@@ -1,0 +1,267 @@
+"""The dual vLLM engine: one vLLM engine holds the senior and the junior and decodes each rollout as one request.
+
+The model and the logits processor that make this work on stock vLLM are in
+:mod:`tandem_rlvr.engines.vllm_dual_model`: every token runs through both stacks, logits are
+``[senior | junior | stop]`` (2V + 1 wide), and the processor, driven by the same
+:class:`~tandem_rlvr.engines.handoff.SequenceSchedule` and seeded coins as every engine, masks the half of
+whoever does not write next. A sampled id >= V is a junior token: ownership travels in the token stream.
+
+This module starts such an engine (:func:`make_dual_llm`), turns its outputs into a
+:class:`~tandem_rlvr.engines.rollout.Rollout` while replaying the schedule over them (a token whose
+half is not its schedule's author stops the run: the mask was not applied), pushes the trained senior
+into the senior stack only, and runs rollouts that the junior never writes on the senior stack alone.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Sequence
+from importlib import import_module
+
+import torch
+
+from tandem_rlvr.engines.base import EngineBase, PromptBatch
+from tandem_rlvr.engines.handoff import Schedule, SequenceSchedule
+from tandem_rlvr.engines.rollout import Rollout, Sampling, rollout_from_rows
+from tandem_rlvr.engines.serving import VLLM
+from tandem_rlvr.errors import EngineError, TandemError
+
+__all__ = ["DualVLLMEngine", "EngineFault", "make_dual_llm", "training_engine", "check_vllm_internals", "TESTED_VLLM",
+           "INTERNALS"]
+
+TESTED_VLLM = ("0.32.0",)  # the vLLM versions the dual engine is tested with (pyproject's vllm extra)
+# The vLLM names the dual engine relies on, module -> attributes; checked before an engine starts.
+INTERNALS = {
+    "vllm": ("LLM", "SamplingParams", "ModelRegistry"),
+    "vllm.v1.sample.logits_processor": ("LogitsProcessor", "BatchUpdate", "MoveDirectionality"),
+    "vllm.model_executor.models.utils": ("init_vllm_registered_model", "maybe_prefix"),
+    "vllm.compilation.backends": ("set_model_tag",),
+    "vllm.model_executor.model_loader.reload": ("initialize_layerwise_reload", "finalize_layerwise_reload"),
+    "vllm.config": ("set_current_vllm_config",),
+}
+
+
+def check_vllm_internals() -> None:
+    """Raise :class:`EngineError` naming the installed vLLM when a name the dual engine uses is missing."""
+    try:
+        version = import_module("vllm").__version__
+    except Exception as e:  # noqa: BLE001 - not installed, or a broken native extension
+        raise EngineError(f"the dual vLLM engine needs vllm ({e}); tested with vllm {', '.join(TESTED_VLLM)}") from None
+    missing = []
+    for mod, names in INTERNALS.items():
+        try:
+            m = import_module(mod)
+        except Exception:  # noqa: BLE001
+            missing.append(mod)
+            continue
+        missing += [f"{mod}.{n}" for n in names if not hasattr(m, n)]
+    if missing:
+        raise EngineError(f"the dual vLLM engine uses vLLM internals that vllm {version} lacks ({', '.join(missing)}); "
+                          f"it is tested with vllm {', '.join(TESTED_VLLM)}")
+
+
+def make_dual_llm(senior_path: str, junior_path: str, *, make=None, **kwargs):
+    """A ``vllm.LLM`` over the tandem model of ``senior_path`` and ``junior_path`` (same vocabulary).
+
+    The V1 model runner is pinned (``VLLM_USE_V2_MODEL_RUNNER=0``): the tandem processor implements its
+    logits-processor interface, and the V2 runner would refuse it. ``make``: :func:`vllm_backend.make_llm`
+    (tests pass a wrapper); ``kwargs`` go to it."""
+    from transformers import AutoConfig
+
+    from tandem_rlvr.engines.vllm_backend import make_llm
+
+    check_vllm_internals()
+    dual = import_module("tandem_rlvr.engines.vllm_dual_model")
+    dual.register()
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    cfg = AutoConfig.from_pretrained(str(senior_path))
+    vocab = int(cfg.get_text_config().vocab_size)
+    overrides = {"architectures": [dual.ARCH], "vocab_size": 2 * vocab + 1, "tandem_vocab": vocab,
+                 "tandem_junior": str(junior_path), "tandem_senior_architectures": list(cfg.architectures)}
+    llm = (make or make_llm)(str(senior_path), hf_overrides=overrides, logits_processors=[dual.TandemLogitsProcessor],
+                             **kwargs)
+    llm.tandem_vocab = vocab
+    return llm
+
+
+def _model(llm):
+    """The tandem model inside an engine whose core runs in this process."""
+    from tandem_rlvr.engines.vllm_backend import _local_worker
+
+    worker = _local_worker(llm)
+    if worker is None:
+        raise EngineError("the dual vLLM engine needs its engine core in this process (create it with make_llm())")
+    return worker, worker.model_runner.get_model()
+
+
+class EngineFault(TandemError):
+    """The vLLM engine raised or stopped answering mid-rollout; the run stops, the last checkpoint is kept."""
+
+
+class EngineThread:
+    """One daemon thread that makes every call into an in-process engine, so that a hung call can be timed
+    out (the thread is never joined). OpenMP's thread count is per calling thread: the caller's is given to it."""
+
+    def __init__(self):
+        self.inbox: queue.Queue = queue.Queue()
+        self.outbox: queue.Queue = queue.Queue()
+        self.threads = torch.get_num_threads()
+        threading.Thread(target=self._loop, name="vllm-dual-engine", daemon=True).start()
+
+    def _loop(self) -> None:
+        set_threads = getattr(torch._C, "set_num_threads", None)  # vLLM's CPU worker replaced torch's with a no-op
+        if set_threads is not None:
+            set_threads(self.threads)
+        while True:
+            fn = self.inbox.get()
+            try:
+                self.outbox.put((True, fn()))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it with context
+                self.outbox.put((False, e))
+
+    def call(self, fn, timeout_s: float, what: str):
+        """``fn()`` on the engine thread; :class:`EngineFault` if it raises or takes longer than ``timeout_s``."""
+        self.inbox.put(fn)
+        try:
+            ok, value = self.outbox.get(timeout=timeout_s)
+        except queue.Empty:
+            raise EngineFault(f"the vLLM engine did not finish {what} within {timeout_s:g} s (rollout.vllm_timeout_s); "
+                              "stopping the run, the last checkpoint is kept") from None
+        if not ok:
+            raise EngineFault(f"the vLLM engine failed in {what}: {type(value).__name__}: {value}; stopping the run, "
+                              "the last checkpoint is kept") from value
+        return value
+
+
+class DualVLLMEngine(EngineBase):
+    """Every schedule as one request per rollout on one engine that holds both models."""
+
+    serving = VLLM
+
+    def __init__(self, llm, *, eos_token_ids: Sequence[int], pad_token_id: int, sampling_params_cls=None,
+                 timeout_s: float = 600.0):
+        self.llm, self.V = llm, int(llm.tandem_vocab)
+        self.timeout_s, self.thread = float(timeout_s), EngineThread()
+        self.params_cls = sampling_params_cls or import_module("vllm").SamplingParams
+        self.eos = sorted({int(e) for e in eos_token_ids})
+        self.pad = int(pad_token_id)
+        self._solo: bool | None = None
+
+    def set_solo(self, solo: bool) -> None:
+        """Run the senior stack alone (``solo``) or both. Prompt blocks cached while solo hold no junior KV:
+        the prefix cache is dropped when tandem decoding resumes."""
+        if self._solo == solo:
+            return
+        if self._solo:
+            self.llm.reset_prefix_cache()
+        _model(self.llm)[1].solo = solo
+        self._solo = solo
+
+    def _params(self, schedule: Schedule, sampling: Sampling, seed: int, n: int, b: int, max_rounds: int | None):
+        stop = self.eos + [e + self.V for e in self.eos] + [2 * self.V]
+        args = {"schedule": schedule.name, "p": schedule.p, "max_gap": schedule.max_gap, "chunk_size": schedule.chunk_size,
+                "n": n, "b": b, "seed": seed, "max_rounds": max_rounds}
+        return self.params_cls(n=1, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                               top_p=sampling.top_p, top_k=sampling.top_k, seed=(seed * 7919 + b) % (2**31 - 1),
+                               stop_token_ids=stop, detokenize=False, extra_args={"tandem": args})
+
+    def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,
+                 max_rounds: int | None = None) -> Rollout:
+        """One request per rollout; the schedule decides the author of every token inside vLLM."""
+        from tandem_rlvr.engines.vllm_backend import check_vllm_schedule
+
+        check_vllm_schedule(schedule)
+        rows = prompts.rows()
+        self.set_solo(not schedule.uses_junior)
+        params = [self._params(schedule, sampling, seed, len(rows), b, max_rounds) for b in range(len(rows))]
+        reqs = [{"prompt_token_ids": r} for r in rows]
+        outs = self.thread.call(lambda: self.llm.generate(reqs, params, use_tqdm=False), self.timeout_s, "a rollout")
+        return self._rollout([list(o.outputs[0].token_ids) for o in outs], prompts, schedule, seed, max_rounds)
+
+    def _rollout(self, outputs: list[list[int]], prompts: PromptBatch, schedule: Schedule, seed: int,
+                 max_rounds: int | None) -> Rollout:
+        coins = schedule.coins(len(outputs), seed)
+        cols: dict[str, list] = {"ids": [], "owner": [], "turn": [], "rounds": [], "finished": []}
+        for b, toks in enumerate(outputs):
+            ids, owner, turn, eos = self._replay(SequenceSchedule(schedule, coins, b), toks, max_rounds, cols)
+            for k, v in (("ids", ids), ("owner", owner), ("turn", turn), ("finished", eos)):
+                cols[k].append(v)
+        return rollout_from_rows(prompts.ids_BP, prompts.mask_BP, cols["ids"], cols["owner"], pad_token_id=self.pad,
+                                 rounds=cols["rounds"], finished=cols["finished"], max_rounds=max_rounds,
+                                 schedule=schedule.name, turn=cols["turn"])
+
+    def _replay(self, sched: SequenceSchedule, toks: list[int], max_rounds: int | None, cols: dict):
+        """Split one request's tokens into ids and owners, checking each against the schedule's author."""
+        ids, owner, turn, eos = [], [], [], False
+        for tok in toks:
+            if tok == 2 * self.V and sched.over(max_rounds):
+                break  # the stop sentinel: the next turn would pass max_rounds
+            senior = tok < self.V
+            if sched.over(max_rounds) or tok > 2 * self.V or senior != sched.author:
+                raise EngineError(f"the dual vLLM engine sampled {'a senior' if senior else 'a junior'} token where the "
+                                  f"schedule's author is the {'senior' if sched.author else 'junior'} (token {len(ids)}): "
+                                  "the tandem logits processor was not applied; is the V1 model runner in use?")
+            real = tok if senior else tok - self.V
+            ids.append(real)
+            owner.append(int(senior))
+            turn.append(sched.decision())
+            sched.feed(real)  # after the EOS too: the in-process engine counts a round its coin starts
+            if real in self.eos:
+                eos = True
+                break
+        cols["rounds"].append(sched.rounds)
+        return ids, owner, turn, eos
+
+    def sync_senior(self, model) -> None:
+        """Load the trained senior's weights into the senior stack (layerwise, in place), then drop the prefix
+        cache; the junior stack is never touched."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        from tandem_rlvr.engines.vllm_backend import vllm_weights
+
+        worker, tandem = _model(self.llm)
+
+        def push():
+            with vllm_weights(model) as weights, set_current_vllm_config(worker.vllm_config):
+                initialize_layerwise_reload(tandem.senior)
+                tandem.senior.load_weights(weights)
+                finalize_layerwise_reload(tandem.senior, worker.vllm_config.model_config)
+            self.llm.reset_prefix_cache()
+
+        self.thread.call(push, self.timeout_s, "the weight push")
+
+    push_senior = sync_senior
+
+
+def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad_token_id: int,
+                    num_processes: int = 1, make=None, max_model_len: int | None = None):
+    """The engine of a run with ``rollout.engine=vllm``: for tandem rollouts one dual engine that holds the
+    senior's start weights and the junior (self-paired: the same start weights, never pushed; LoRA: the
+    base) and decodes each rollout as one request (:mod:`tandem_rlvr.engines.vllm_dual`); for solo arms a
+    plain engine of the senior alone.
+
+    Each training process holds its own engine on its own device; with several processes they use
+    vLLM's ``external_launcher`` executor, as colocated trainers do. ``make`` replaces ``vllm_backend.make_llm``
+    (tests). ``max_model_len``: the context the run needs (longest kept prompt + budget, capped at what
+    the models read); default prompt + response budgets.
+    """
+    from tandem_rlvr.engines import vllm_backend as vb
+    from tandem_rlvr.models import resolve_name
+
+    m, r = cfg.model, cfg.rollout
+    make = make or vb.make_llm
+    kw = dict(dtype=m.dtype, gpu_memory_utilization=r.vllm_memory, seed=cfg.train.seed,
+              max_model_len=max_model_len or r.max_prompt_tokens + r.max_new_tokens, trust_remote_code=m.trust_remote_code)
+    if m.max_context:  # the user states the models read this far: vLLM would refuse more than their config says
+        os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    if num_processes > 1:
+        kw["distributed_executor_backend"] = "external_launcher"
+    senior_path = resolve_name(m.senior)
+    if not uses_junior:
+        return vb.VLLMEngine(make(senior_path, **kw), eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
+    junior_path = senior_path if m.self_paired else resolve_name(m.junior)
+    llm = make_dual_llm(senior_path, junior_path, make=make, **kw)
+    return DualVLLMEngine(llm, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, timeout_s=r.vllm_timeout_s)
