@@ -48,6 +48,7 @@ def test_paper_training_config_holds_the_method_values(name):
     assert (r.temperature, r.top_p, r.top_k, r.max_prompt_tokens, r.max_new_tokens) == (0.6, 1.0, 0, 1024, 3000)
     assert (d.train, d.train_split, d.reward) == ("deepscaler", "train", "math")
     assert (cfg.val.data, cfg.val.split) == ("deepscaler", "val") and cfg.val.every > 0
+    assert (cfg.val.n, cfg.val.select) == (4, "pass@4"), "the authors kept the step of the best held-out pass@4"
     assert t.out_dir == f"runs/paper/{name}"
     assert t.fsdp == "full"  # a 4B full fine-tune in fp32 fits two 80 GB GPUs only sharded (docs/scale_out.md)
     if name == "trlvr":

@@ -120,6 +120,7 @@ class ValConfig:
     n: int = _f(4, "Samples per validation problem.")
     limit: int = _f(64, "Validation problems used (0 = all).")
     max_new_tokens: int = _f(0, "Validation budget (0 = rollout.max_new_tokens).")
+    select: str = _f("pass@1", "The validation metric whose best value picks best/: pass@K with K <= val.n (the paper's authors: pass@4 of 4 samples per problem). best/best.json records the metric, its value and the step.")
 
 
 @dataclass
@@ -186,6 +187,12 @@ class EvalOptions:
     engine: str = _f("hf", "Sampler of the chains: hf (in-process) or vllm (every chain, the word-handoff curve too, on one vLLM engine per senior that holds it and the junior; needs tandem-rlvr[vllm] and one vocabulary).")
     mode: str = _f("lockstep", "In-process engine mode, as rollout.mode: lockstep or catchup (same chains).")
     vllm_memory: float = _f(0.3, "Share of the GPU the vLLM engine may take.")
+
+
+def _select_k(select: str) -> int | None:
+    """K of a ``val.select`` value ``pass@K`` (K in 1, 2, 4, 8: the pass@k validation computes), else None."""
+    head, _, k = str(select).partition("@")
+    return int(k) if head == "pass" and k in ("1", "2", "4", "8") else None
 
 
 def eval_default(name: str) -> Any:
@@ -396,6 +403,8 @@ def validate(cfg: Config) -> None:
         (t.max_nonfinite >= 1, "train.max_nonfinite", f"must be >= 1, got {t.max_nonfinite}"),
         (0 < cfg.data.reward_timeout_s < math.inf and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),
         (cfg.val.every == 0 or bool(cfg.val.data), "val.data", "is required when val.every > 0"),
+        (_select_k(cfg.val.select) is not None and _select_k(cfg.val.select) <= cfg.val.n, "val.select",
+         f"must be pass@K with K in 1, 2, 4, 8 and K <= val.n ({cfg.val.n}), got {cfg.val.select!r}"),
         (not cfg.model.bridge or (a.arm == "trlvr" and not cfg.model.self_paired),
          "model.bridge", "needs algo.arm=trlvr and a separate model.junior (per-token KL needs one shared vocabulary)"),
         (cfg.data.reward in ("math", "gsm8k", "boxed_exact") or ":" in cfg.data.reward, "data.reward",

@@ -189,7 +189,9 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         metrics_table(results), "",
         "Evaluation metrics are measured on the test split with the junior of the run; the training curves on "
         "each arm's own rollouts (co-written with the junior for trlvr, so its jargon rate and KL there are "
-        "those of team chains); the senior-alone curves on the senior's own chains on a small validation split.", "",
+        "those of team chains); the senior-alone curves on the senior's own chains on a small validation split.",
+        "Checkpoint: every run is evaluated at its last step; the demo selects no best checkpoint (the paper's authors "
+        "kept the step of the best held-out pass@4; `val.select` does that in `tandem-rlvr train`).", "",
         "## Claims", "",
         f"Differences are paired by seed, shown as mean [95% interval]; claim 1's equivalence margin is "
         f"± {EQUIV_MARGIN_PTS:g} points.", "", *claims(results), "", "## Plots", "",

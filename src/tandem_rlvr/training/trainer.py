@@ -23,7 +23,7 @@ from tandem_rlvr.training import core, dist, fsdp, preempt, rundir
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.io import append_jsonl
+from tandem_rlvr.io import append_jsonl, atomic_write_json
 from tandem_rlvr.training.ownership import check_ownership
 from tandem_rlvr.trackers import flat_config
 from tandem_rlvr.rewards import import_reward
@@ -396,10 +396,15 @@ class Trainer:
             from accelerate.utils import broadcast_object_list
 
             metrics = broadcast_object_list([metrics])[0]
-        key = "val/pass@1"
-        if key in metrics and (self.best["val"] is None or metrics[key] > self.best["val"]):
-            self.best = {"val": metrics[key], "step": self.step}
+        key = f"val/{cfg.val.select}"
+        if key not in metrics:
+            raise TandemError(f"validation did not compute {key} (val.select={cfg.val.select}, val.n={cfg.val.n})")
+        if improves(self.best["val"], metrics[key]):
+            self.best = {"val": metrics[key], "step": self.step, "metric": key}
             self._save_model(self.run_dir / "best")
+            if self.acc.is_main_process:
+                atomic_write_json(self.run_dir / "best" / "best.json", {"metric": key, "value": metrics[key],
+                                                                       "step": self.step})
         return metrics
 
     def _save_model(self, out_dir: Path) -> None:
@@ -461,6 +466,20 @@ def _load_train(cfg: Config):
 
     return load_examples(cfg.data.train, cfg.data.train_split, problem_key=cfg.data.problem_key,
                          answer_key=cfg.data.answer_key)
+
+
+def improves(best: float | None, value: float) -> bool:
+    """Whether a validation ``value`` replaces the ``best`` so far (strictly better: ties keep the earlier step)."""
+    return best is None or value > best
+
+
+def best_step(rows, metric: str) -> tuple[int | None, float | None]:
+    """The step and value :class:`Trainer` keeps in ``best/`` for the validation rows of a ``metrics.jsonl``."""
+    best, step = None, None
+    for row in rows:
+        if metric in row and improves(best, row[metric]):
+            best, step = row[metric], row["step"]
+    return step, best
 
 
 def _fit_prompts(cfg: Config, pair, examples):
