@@ -14,27 +14,32 @@ from tandem_rlvr.cli import main
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.engines.base import FirstServing, PromptBatch
 from tandem_rlvr.engines.inprocess import InProcessEngine
-from tandem_rlvr.engines.serving import BRIDGE, IN_PROCESS, VLLM
+from tandem_rlvr.engines.serving import BRIDGE, IN_PROCESS, VLLM, VLLM_SOLO
 from tandem_rlvr.errors import BridgeError, EngineError
 from tandem_rlvr.engines.handoff import SCHEDULES, make_schedule
 from tandem_rlvr.engines.rollout import Sampling
 from tandem_rlvr.engines.vllm_backend import VLLMEngine
+from tandem_rlvr.engines.vllm_dual import DualVLLMEngine
 
 
 def _engines(tokenizer, models):
     s, j = models
     kw = dict(eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
     local = InProcessEngine(s, j, **kw)
-    vllm = VLLMEngine(object(), object(), sampling_params_cls=lambda **k: SimpleNamespace(**k), **kw)
-    return {"in-process": local, "vllm": vllm, "text bridge": BridgeEngine(s, tokenizer, j, tokenizer),
-            "vllm then in-process": FirstServing(vllm, local)}
+    params = dict(sampling_params_cls=lambda **k: SimpleNamespace(**k))
+    vllm = DualVLLMEngine(SimpleNamespace(tandem_vocab=len(tokenizer)), **params, **kw)
+    solo = VLLMEngine(object(), **params, **kw)
+    return {"in-process": local, "vllm": vllm, "vllm solo": solo, "text bridge": BridgeEngine(s, tokenizer, j, tokenizer),
+            "vllm then in-process": FirstServing(vllm, local), "vllm solo then in-process": FirstServing(solo, local)}
 
 
 def test_each_engine_declares_what_it_serves(tokenizer, base_models):  # noqa: F811
     engines = _engines(tokenizer, base_models)
     assert set(IN_PROCESS.schedules) == set(SCHEDULES)
     assert set(VLLM.schedules) == set(SCHEDULES) and set(BRIDGE.schedules) == {"step", "alternate"}
+    assert set(VLLM_SOLO.schedules) == {"none"}
     assert set(engines["vllm then in-process"].serving.schedules) == set(SCHEDULES)
+    assert set(engines["vllm solo then in-process"].serving.schedules) == set(SCHEDULES)
     for name in SCHEDULES:
         sch = make_schedule(name, tokenizer)
         for label, engine in engines.items():
@@ -42,7 +47,7 @@ def test_each_engine_declares_what_it_serves(tokenizer, base_models):  # noqa: F
 
 
 @pytest.mark.parametrize("label,name", [("text bridge", "word"), ("text bridge", "none"), ("text bridge", "chunk"),
-                                        ("text bridge", "bernoulli")])
+                                        ("text bridge", "bernoulli"), ("vllm solo", "word"), ("vllm solo", "step")])
 def test_unserved_schedules_are_refused_naming_engine_and_schedule(tokenizer, base_models, label, name):  # noqa: F811
     engine = _engines(tokenizer, base_models)[label]
     prompts = PromptBatch.left_padded([[5, 6, 7]], tokenizer.pad_token_id, problems=["1+1?"])
