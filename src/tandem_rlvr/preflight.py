@@ -73,12 +73,13 @@ def eval_context(opts, role: str, path: str, tok, benches: dict) -> int:
     ctx = model_context(role, path, config, tok, opts.max_context)
     lens = [len(ids) for _, ex in benches.values()
             for ids in encode_prompts(tok, ex, max_prompt_tokens=opts.context - 1, what=f"eval ({role})")[1]]
-    reach = min(opts.context, max(lens, default=0) + opts.max_new_tokens)
+    longest = max(lens, default=0)
+    reach = min(opts.context, longest + opts.max_new_tokens)
     if ctx.limit is None or reach <= ctx.limit:
         return reach
     raise TandemError(f"{ctx.describe()}, but the evaluation's chains reach {reach} tokens (its longest prompt "
-                      f"{max(lens)} + --max-new-tokens {opts.max_new_tokens}, at most --context {opts.context}): set "
-                      f"--max-new-tokens <= {ctx.limit - max(lens)} or --context <= {ctx.limit}; if the model reads "
+                      f"{longest} + --max-new-tokens {opts.max_new_tokens}, at most --context {opts.context}): set "
+                      f"--max-new-tokens <= {ctx.limit - longest} or --context <= {ctx.limit}; if the model reads "
                       "more than its config says (rope scaling), set --max-context")
 
 

@@ -103,7 +103,8 @@ def _on_cpu() -> bool:
 
 
 # -- pushing the senior's weights ------------------------------------------------------------------
-def _local_worker(llm):
+def local_worker(llm):
+    """The worker of an engine whose core runs in this process (None otherwise)."""
     executor = getattr(getattr(llm, "llm_engine", None), "model_executor", None)
     driver = getattr(executor, "driver_worker", None)
     return getattr(driver, "worker", driver)
@@ -139,7 +140,7 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     repacking the CPU and quantised backends do after loading), else ``model.load_weights``.
     Under FSDP / ZeRO-3 gather the full parameters first.
     """
-    worker = _local_worker(llm)
+    worker = local_worker(llm)
     if worker is None:
         raise RuntimeError("cannot reach the vLLM worker to push weights; create the engine with make_llm()")
     if hasattr(worker, "reload_weights"):

@@ -76,7 +76,7 @@ def make_dual_llm(senior_path: str, junior_path: str, *, make=None, **kwargs):
     dual = import_module("tandem_rlvr.engines.vllm_dual_model")
     dual.register()
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    cfg = AutoConfig.from_pretrained(str(senior_path))
+    cfg = AutoConfig.from_pretrained(str(senior_path), trust_remote_code=bool(kwargs.get("trust_remote_code", False)))
     vocab = int(cfg.get_text_config().vocab_size)
     overrides = {"architectures": [dual.ARCH], "vocab_size": 2 * vocab + 1, "tandem_vocab": vocab,
                  "tandem_junior": str(junior_path), "tandem_senior_architectures": list(cfg.architectures)}
@@ -88,9 +88,9 @@ def make_dual_llm(senior_path: str, junior_path: str, *, make=None, **kwargs):
 
 def _model(llm):
     """The tandem model inside an engine whose core runs in this process."""
-    from tandem_rlvr.engines.vllm_backend import _local_worker
+    from tandem_rlvr.engines.vllm_backend import local_worker
 
-    worker = _local_worker(llm)
+    worker = local_worker(llm)
     if worker is None:
         raise EngineError("the dual vLLM engine needs its engine core in this process (create it with make_llm())")
     return worker, worker.model_runner.get_model()
