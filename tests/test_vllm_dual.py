@@ -93,10 +93,23 @@ def _dual(tok, senior_dir, junior_dir, kv_bytes=2**28, max_model_len=512):
     return DualVLLMEngine(llm, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
 
 
-@pytest.fixture(scope="module", params=["different", "self"])
+def _smaller_junior(tok):
+    """A junior of another shape than the senior (hidden 64, 3 layers, 2 heads, 1 KV head), as Qwen3-0.6B is to 4B."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(5)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module", params=["different", "self", "smaller"])
 def dual(request, tok, pair, tmp_path_factory):
-    """(engine, (senior, junior) in-process models): a senior and junior with different weights, or self-paired."""
-    models = (pair[0], pair[1]) if request.param == "different" else (pair[0], pair[0])
+    """(engine, (senior, junior) in-process models): a senior and junior with different weights, self-paired,
+    or a junior of a smaller shape."""
+    juniors = {"different": pair[1], "self": pair[0], "smaller": _smaller_junior(tok) if request.param == "smaller" else None}
+    models = (pair[0], juniors[request.param])
     dirs = _dirs(tok, models, tmp_path_factory.mktemp(f"dual_{request.param}"))
     eng = _dual(tok, dirs[0], dirs[1])
     yield eng, models
