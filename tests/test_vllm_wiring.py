@@ -219,3 +219,39 @@ def test_eval_on_vllm_starts_one_dual_engine_per_senior_with_the_junior(monkeypa
     eval_cli._vllm_llm(opts, "s", "j", "float32", 700)
     eval_cli._vllm_llm(opts, "s", "j", "float32")
     assert made == [("s", "j", 700), ("s", "j", opts.context)]
+
+
+class FaultyDual(DualStandIn):
+    """A dual stand-in whose ``generate`` raises, or hangs, from its ``at``-th call on."""
+
+    def __init__(self, *a, fault: str, at: int):
+        super().__init__(*a)
+        self.fault, self.at, self.calls = fault, at, 0
+
+    def generate(self, reqs, params, use_tqdm=False):
+        self.calls += 1
+        if self.calls >= self.at:
+            if self.fault == "raise":
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            import time
+
+            time.sleep(30)
+        return super().generate(reqs, params, use_tqdm)
+
+
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_an_engine_fault_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, tokenizer, models, fault):
+    """A rollout that raises, or that does not finish within rollout.vllm_timeout_s, stops the run with one
+    EngineFault naming what happened; the checkpoint of the last finished step is intact and complete."""
+    from tandem_rlvr.engines.vllm_dual import EngineFault
+    from tandem_rlvr.training.checkpoint import complete_checkpoints
+
+    engine = StandInDual(FaultyDual(*models, tokenizer, fault=fault, at=3), tokenizer)
+    engine.timeout_s = 1.0
+    cfg = _cfg(tmp_path, "trlvr", "vllm", "train.steps=4", "rollout.vllm_timeout_s=1", temperature=1.0)
+    tr = _trainer(cfg, tokenizer, models, engine)
+    with pytest.raises(EngineFault, match="illegal memory access" if fault == "raise" else "within 1 s"):
+        tr.train()
+    run = tmp_path / "vllm"
+    assert [d.name for d in complete_checkpoints(run)] == ["step-1", "step-2"]  # rollouts 1 and 2 finished
+    assert not list((run / "checkpoints").glob(".tmp-*"))
