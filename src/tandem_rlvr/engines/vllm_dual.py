@@ -76,7 +76,8 @@ def make_dual_llm(senior_path: str, junior_path: str, *, make=None, **kwargs):
     dual = import_module("tandem_rlvr.engines.vllm_dual_model")
     dual.register()
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    cfg = AutoConfig.from_pretrained(str(senior_path), trust_remote_code=bool(kwargs.get("trust_remote_code", False)))
+    trust = kwargs.get("trust_remote_code", False) is True  # only when the user asked (model.trust_remote_code)
+    cfg = AutoConfig.from_pretrained(str(senior_path), trust_remote_code=trust)
     vocab = int(cfg.get_text_config().vocab_size)
     overrides = {"architectures": [dual.ARCH], "vocab_size": 2 * vocab + 1, "tandem_vocab": vocab,
                  "tandem_junior": str(junior_path), "tandem_senior_architectures": list(cfg.architectures)}

@@ -70,8 +70,8 @@ class TandemForCausalLM(nn.Module):
         self.junior_path = str(hf.tandem_junior)
         senior_cfg = copy.deepcopy(hf)
         senior_cfg.vocab_size = self.V
-        junior_cfg = AutoConfig.from_pretrained(self.junior_path,
-                                                trust_remote_code=bool(vllm_config.model_config.trust_remote_code))
+        trust = vllm_config.model_config.trust_remote_code is True  # the user's model.trust_remote_code
+        junior_cfg = AutoConfig.from_pretrained(self.junior_path, trust_remote_code=trust)
         if int(junior_cfg.vocab_size) != self.V:
             raise ValueError(f"tandem: the junior {self.junior_path!r} has {junior_cfg.vocab_size} vocabulary rows, "
                              f"the senior {self.V}: one vocabulary is needed")
