@@ -225,17 +225,18 @@ class FaultyDual(DualStandIn):
     """A dual stand-in whose ``generate`` raises, or hangs, from its ``at``-th call on."""
 
     def __init__(self, *a, fault: str, at: int):
+        import threading
+
         super().__init__(*a)
         self.fault, self.at, self.calls = fault, at, 0
+        self.release = threading.Event()  # a hung call waits for it, then fails (no work left running at exit)
 
     def generate(self, reqs, params, use_tqdm=False):
         self.calls += 1
         if self.calls >= self.at:
-            if self.fault == "raise":
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            import time
-
-            time.sleep(30)
+            if self.fault == "hang":
+                self.release.wait(60)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return super().generate(reqs, params, use_tqdm)
 
 
@@ -246,12 +247,16 @@ def test_an_engine_fault_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, t
     from tandem_rlvr.engines.vllm_dual import EngineFault
     from tandem_rlvr.training.checkpoint import complete_checkpoints
 
-    engine = StandInDual(FaultyDual(*models, tokenizer, fault=fault, at=3), tokenizer)
+    llm = FaultyDual(*models, tokenizer, fault=fault, at=3)
+    engine = StandInDual(llm, tokenizer)
     engine.timeout_s = 1.0
     cfg = _cfg(tmp_path, "trlvr", "vllm", "train.steps=4", "rollout.vllm_timeout_s=1", temperature=1.0)
     tr = _trainer(cfg, tokenizer, models, engine)
-    with pytest.raises(EngineFault, match="illegal memory access" if fault == "raise" else "within 1 s"):
-        tr.train()
+    try:
+        with pytest.raises(EngineFault, match="illegal memory access" if fault == "raise" else "within 1 s"):
+            tr.train()
+    finally:
+        llm.release.set()
     run = tmp_path / "vllm"
     assert [d.name for d in complete_checkpoints(run)] == ["step-1", "step-2"]  # rollouts 1 and 2 finished
     assert not list((run / "checkpoints").glob(".tmp-*"))
