@@ -184,17 +184,15 @@ class DualVLLMEngine(EngineBase):
     def _rollout(self, outputs: list[list[int]], prompts: PromptBatch, schedule: Schedule, seed: int,
                  max_rounds: int | None) -> Rollout:
         coins = schedule.coins(len(outputs), seed)
-        cols: dict[str, list] = {"ids": [], "owner": [], "turn": [], "rounds": [], "finished": []}
-        for b, toks in enumerate(outputs):
-            ids, owner, turn, eos = self._replay(SequenceSchedule(schedule, coins, b), toks, max_rounds, cols)
-            for k, v in (("ids", ids), ("owner", owner), ("turn", turn), ("finished", eos)):
-                cols[k].append(v)
-        return rollout_from_rows(prompts.ids_BP, prompts.mask_BP, cols["ids"], cols["owner"], pad_token_id=self.pad,
-                                 rounds=cols["rounds"], finished=cols["finished"], max_rounds=max_rounds,
-                                 schedule=schedule.name, turn=cols["turn"])
+        ids, owner, turn, rounds, finished = zip(*(self._replay(SequenceSchedule(schedule, coins, b), toks, max_rounds)
+                                                   for b, toks in enumerate(outputs)))
+        return rollout_from_rows(prompts.ids_BP, prompts.mask_BP, list(ids), list(owner), pad_token_id=self.pad,
+                                 rounds=list(rounds), finished=list(finished), max_rounds=max_rounds,
+                                 schedule=schedule.name, turn=list(turn))
 
-    def _replay(self, sched: SequenceSchedule, toks: list[int], max_rounds: int | None, cols: dict):
-        """Split one request's tokens into ids and owners, checking each against the schedule's author."""
+    def _replay(self, sched: SequenceSchedule, toks: list[int], max_rounds: int | None):
+        """One request's tokens as ``(ids, owners, decisions, rounds, ended by EOS)``, each token checked against
+        the schedule's author."""
         ids, owner, turn, eos = [], [], [], False
         for tok in toks:
             if tok == 2 * self.V and sched.over(max_rounds):
@@ -212,8 +210,7 @@ class DualVLLMEngine(EngineBase):
             if real in self.eos:
                 eos = True
                 break
-        cols["rounds"].append(sched.rounds)
-        return ids, owner, turn, eos
+        return ids, owner, turn, sched.rounds, eos
 
     def sync_senior(self, model) -> None:
         """Load the trained senior's weights into the senior stack (layerwise, in place), then drop the prefix

@@ -47,8 +47,9 @@ TOKENIZER_VOCAB = 1024  # an upper bound: the trainer stops once every pair in t
 TOKENIZER_CORPUS = 3000  # problems in the tokenizer corpus
 # Every build measures the promised properties (world.properties.PROPERTIES) of what it trained; each model
 # whose properties fail is trained again with a seed TRY_SEED_STEP higher (the other is kept), up to
-# MAX_TRIES rounds, and every try is recorded in the manifest. Training is seeded and single-threaded, so one machine retraces the same tries;
-# another CPU model may round differently, train other weights and need another number of tries.
+# MAX_TRIES rounds, and every try is recorded in the manifest. Training is seeded and single-threaded, so
+# one machine retraces the same tries; another CPU model may round differently, train other weights and
+# need another number of tries.
 MAX_TRIES = 8
 TRY_SEED_STEP = 100
 
