@@ -2,6 +2,7 @@
 
     python scripts/gpu_check.py --model /path/to/Qwen3-0.6B          # (scripts/gpu_check.sh sets up the venv)
     python scripts/gpu_check.py --cpu-smoke                          # a tiny random Qwen3 on the CPU
+    python scripts/gpu_check.py --paper-step                         # one GPU's share of a paper step
 
 Prints, for each arm, the generated tokens per second of the rollout, the step time and its parts,
 peak GPU memory, and the TRLVR / GRPO ratios; writes them to ``OUT/gpu_check.json``. Everything is
@@ -45,10 +46,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--random-4b", action="store_true",
                    help="build a randomly initialised Qwen3-4B-shaped model from a config (no download) instead of --model")
     p.add_argument("--vllm-memory", type=float, default=0.3, help="rollout.vllm_memory of the vllm runs (default 0.3)")
+    p.add_argument("--vllm-sleep", default="weights", help="rollout.vllm_sleep of the vllm runs (default weights)")
+    p.add_argument("--paper-step", action="store_true",
+                   help="one GPU's share of a step of the paper's run: --random-4b, 8 prompts x 8 rollouts of up to "
+                        "3,000 tokens, micro-batch 1, 2 steps, both engines, the paper configs' vLLM memory settings")
     p.add_argument("--out", default="runs/gpu_check", help="output directory (default runs/gpu_check)")
     args = p.parse_args(argv)
-    if not args.cpu_smoke and not args.model:
-        p.error("give --model DIR (or --cpu-smoke)")
+    if args.paper_step:  # configs/paper/trlvr.yaml per GPU of two: 64 rollouts; the weights in bf16 on one GPU
+        args.random_4b, args.steps, args.prompts, args.group_size = True, 2, 8, 8
+        args.max_new_tokens, args.micro_batch, args.vllm_memory = 3000, 1, 0.5
+        args.engines = "hf,vllm" if args.engines == "auto" else args.engines
+    if not args.cpu_smoke and not args.model and not args.random_4b:
+        p.error("give --model DIR (or --cpu-smoke, --random-4b, --paper-step)")
     if args.cpu_smoke:
         args.steps, args.prompts, args.group_size = min(args.steps, 3), 2, 2
         args.max_new_tokens, args.micro_batch = min(args.max_new_tokens, 24), 4
@@ -137,7 +146,7 @@ def make_config(args, arm: str, model: str, out: Path, engine: str = "hf"):
                  "mini_batch_prompts": max(1, args.prompts // 2), "micro_batch": args.micro_batch},
         "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},
         "rollout": {"max_new_tokens": args.max_new_tokens, "max_prompt_tokens": 1024, "temperature": 0.6,
-                    "engine": engine, "vllm_memory": args.vllm_memory},
+                    "engine": engine, "vllm_memory": args.vllm_memory, "vllm_sleep": args.vllm_sleep},
         "train": {"steps": args.steps, "prompts_per_step": args.prompts, "save_every": 0, "progress": False,
                   "out_dir": str(out / f"run_{arm}_{engine}")},
         "data": {"train": "synthetic", "reward": "boxed_exact"},

@@ -5,6 +5,7 @@
 #   scripts/gpu_check.sh /path/to/Qwen3-0.6B [--steps 3 --prompts 8 --max-new-tokens 512 ...]
 #   scripts/gpu_check.sh --cpu-smoke          # dry run: a tiny random Qwen3 on the CPU (~1 min)
 #   scripts/gpu_check.sh --random-4b --engines hf,vllm   # random Qwen3-4B-shaped weights, no download
+#   scripts/gpu_check.sh --paper-step     # one GPU's share of a paper step (64 rollouts x 3,000 tokens), both engines
 # Both rollout engines run where vllm imports (--engines auto; pip install vllm into the venv first).
 #
 # Sized for one GPU with >= 80 GB: about 3-5 minutes with Qwen3-0.6B/1.7B, after the venv exists.
@@ -18,7 +19,7 @@ PY=${PYTHON:-python3}
 VENV=${GPU_CHECK_VENV:-.venv}
 
 if [ $# -eq 0 ]; then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 ARGS=("$@")

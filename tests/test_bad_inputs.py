@@ -105,13 +105,26 @@ OK = ["model.senior=s", "model.junior=j", "train.prompts_per_step=4", "algo.grou
         (["val.every=5"], r"'val\.data' is required when val\.every > 0"),
         (["algo.lr"], r"override 'algo\.lr' is not of the form dotted\.key=value"),
         (["train.fsdp=zero3"], r"'train\.fsdp' must be off, full or zero2, got 'zero3'"),
-        (["train.fsdp=full", "model.lora_r=8"], r"'train\.fsdp' works with rollout\.engine=hf, full fine-tuning"),
-        (["train.fsdp=zero2", "handoff.schedule=step", "rollout.engine=vllm"], r"'train\.fsdp' works with rollout\.engine=hf"),
+        (["train.fsdp=full", "model.lora_r=8"], r"'train\.fsdp' shards full fine-tuning only: a LoRA senior"),
+        (["rollout.vllm_sleep=level1"], r"'rollout\.vllm_sleep' must be off, kv, weights, got 'level1'"),
     ],
 )
 def test_config_errors_name_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, OK + overrides)
+
+
+@pytest.mark.parametrize("fsdp", ["full", "zero2"])
+@pytest.mark.parametrize("schedule", ["none", "word", "step"])
+def test_every_sharding_validates_with_the_vllm_engine(fsdp, schedule):
+    cfg = load_config(None, OK + [f"train.fsdp={fsdp}", "rollout.engine=vllm", f"handoff.schedule={schedule}",
+                                  "rollout.vllm_sleep=weights"])
+    assert (cfg.train.fsdp, cfg.rollout.engine, cfg.rollout.vllm_sleep) == (fsdp, "vllm", "weights")
+
+
+def test_sharding_with_a_bridged_junior_is_refused_with_its_reason():
+    with pytest.raises(ConfigError, match=r"'train\.fsdp' is not tested with a junior that reads another tokenizer"):
+        load_config(None, OK + ["train.fsdp=full", "model.bridge=true", "handoff.schedule=step"])
 
 
 def test_config_file_problems_name_the_file(tmp_path):
@@ -414,3 +427,22 @@ def test_cli_eval_with_a_missing_model(tmp_path, model_dirs, capsys):
     assert rc == 2 and f"'{missing}' does not exist" in _one_error_line(err)
     rc, err = _cli(capsys, [*base, "--senior", str(model_dirs[0]), "--junior", "not-a-dir-or-hub-name"])
     assert rc == 2 and "'not-a-dir-or-hub-name'" in _one_error_line(err)
+
+
+def test_the_junior_can_be_held_in_another_dtype_than_the_senior(tmp_path, tokenizer):
+    """model.junior_dtype: the paper configs train fp32 master weights and keep the frozen junior in bf16."""
+    import torch
+    from conftest import make_tiny_model
+
+    from tandem_rlvr.models import load_pair
+
+    make_tiny_model(len(tokenizer), 0, 32).save_pretrained(str(tmp_path / "s"))
+    tokenizer.save_pretrained(str(tmp_path / "s"))
+    for junior, extra in ((None, ["model.self_paired=true"]), (str(tmp_path / "s"), [f"model.junior={tmp_path / 's'}"])):
+        cfg = load_config(None, [f"model.senior={tmp_path / 's'}", "model.junior_dtype=bfloat16", *extra])
+        pair = load_pair(cfg.model)
+        assert next(pair.senior.parameters()).dtype == torch.float32
+        assert {p.dtype for p in pair.junior.parameters()} == {torch.bfloat16}
+        assert not any(p.requires_grad for p in pair.junior.parameters())
+    with pytest.raises(ConfigError, match=r"'model\.junior_dtype' must be empty"):
+        load_config(None, OK + ["model.junior_dtype=int8"])

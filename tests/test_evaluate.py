@@ -25,8 +25,8 @@ from tandem_rlvr.evaluation.evaluate import (
     eval_sampling,
     evaluate_pair,
     junior_legibility,
-    validate,
 )
+from tandem_rlvr.evaluation.validation import validate
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.engines.rollout import Sampling, generate
 
@@ -375,6 +375,35 @@ def test_validate_solo_only(tokenizer, tmp_path):
     assert validate(senior, tokenizer, cfg, step=20, reward_fn=parity_reward) == out  # same seed at every step
     cfg.train.seed = 4
     assert validate(senior, tokenizer, cfg, step=10, reward_fn=parity_reward) != out  # the check has power
+
+
+def test_validation_shared_by_two_processes_gives_the_one_process_metrics(tokenizer, tmp_path):
+    """Each process samples every other batch (the same batches and seeds as one process); the combined chains
+    give one process's metrics."""
+    from tandem_rlvr.config import Config
+
+    cfg = Config()
+    cfg.val.data, cfg.val.n, cfg.val.limit, cfg.val.max_new_tokens = str(_write_bench(tmp_path / "v.jsonl", 5)), 4, 5, 6
+    cfg.rollout.batch_size = 3  # 20 chains in 7 batches: problems straddle batches and processes
+    senior = make_tiny_model(len(tokenizer), seed=0)
+    whole = validate(senior, tokenizer, cfg, step=1, reward_fn=parity_reward)
+    shares = {}
+
+    class Handed(Exception):
+        pass
+
+    def keep(chains):
+        shares[1] = chains
+        raise Handed
+
+    with pytest.raises(Handed):
+        validate(senior, tokenizer, cfg, step=1, reward_fn=parity_reward, shard=(1, 2), gather=keep)
+    got = validate(senior, tokenizer, cfg, step=1, reward_fn=parity_reward, shard=(0, 2),
+                   gather=lambda chains: chains + shares[1])
+    assert 0 < len(shares[1]) < 20
+    assert got.keys() == whole.keys() and all(got[k] == pytest.approx(whole[k], abs=1e-12) for k in whole)
+    with pytest.raises(ValueError, match="problem ids unique"):
+        validate(senior, tokenizer, cfg, step=1, reward_fn=parity_reward, shard=(0, 2), gather=lambda c: c + c)
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ def test_paper_training_config_holds_the_method_values(name):
     m, a, r, t, d = cfg.model, cfg.algo, cfg.rollout, cfg.train, cfg.data
     assert (m.senior, m.junior, m.self_paired, m.lora_r) == ("Qwen/Qwen3-4B-Instruct-2507", None, True, 0)
     assert m.dtype == "float32", "fp32 master weights (lr 1e-6 steps vanish in bf16)"
+    assert m.junior_dtype == "bfloat16", "the frozen junior never steps: bf16 halves it (docs/scale_out.md memory)"
     assert a.arm == {"grpo_g16": "grpo"}.get(name, name)
     assert a.group_size == (16 if name == "grpo_g16" else 8)
     assert (a.loss_type, a.normalize_std, a.clip_eps, a.clip_eps_high) == ("dapo", True, 0.2, None)
@@ -51,6 +52,9 @@ def test_paper_training_config_holds_the_method_values(name):
     assert (cfg.val.n, cfg.val.select) == (4, "pass@4"), "the authors kept the step of the best held-out pass@4"
     assert t.out_dir == f"runs/paper/{name}"
     assert t.fsdp == "full"  # a 4B full fine-tune in fp32 fits two 80 GB GPUs only sharded (docs/scale_out.md)
+    # rollouts on vLLM (one engine per GPU; the dual engine for trlvr), sized for two 80 GB GPUs (docs/scale_out.md)
+    assert (r.engine, r.vllm_dtype, r.vllm_memory, r.vllm_sleep, r.batch_size) == ("vllm", "bfloat16", 0.5, "weights", 16)
+    assert a.micro_batch == 1
     if name == "trlvr":
         h = cfg.handoff
         assert (h.schedule, h.p, h.max_gap) == ("word", 0.5, 32)
@@ -114,3 +118,18 @@ def test_accelerate_configs_load(name):
     assert cfg.num_processes >= 2 * machines
     for paper in TRAIN:  # each process must own whole prompt groups of every mini-batch
         assert _load(paper).algo.mini_batch_prompts % cfg.num_processes == 0
+
+
+TRAINING_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml")
+                          if "accelerate" not in p.parts and p.name != "eval.yaml")
+
+
+@pytest.mark.parametrize("path", TRAINING_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
+def test_every_training_config_in_configs_loads_and_validates(path):
+    cfg = load_config(path)  # validation runs inside; an error names the key
+    assert cfg.model.senior and cfg.algo.arm in ("trlvr", "grpo", "kl_reg")
+
+
+def test_the_config_folder_is_what_the_tests_above_cover():
+    names = {str(p.relative_to(ROOT / "configs")) for p in TRAINING_CONFIGS}
+    assert names == {"grpo.yaml", "kl_reg.yaml", "trlvr.yaml", *(f"paper/{n}.yaml" for n in TRAIN)}

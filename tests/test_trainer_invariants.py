@@ -51,8 +51,9 @@ def spread_reward(completion: str, gold: str) -> float:
 
 
 def paper_cfg(name: str, out_dir: Path, *extra: str):
-    """The paper config ``name`` at toy scale: only sizes, the model and the device layout change."""
-    over = ["model.senior=unused", "train.fsdp='off'", f"train.out_dir={out_dir}", "train.steps=1",
+    """The paper config ``name`` at toy scale: only sizes, the model and the device layout (one process, the
+    in-process engine) change."""
+    over = ["model.senior=unused", "train.fsdp='off'", "rollout.engine=hf", f"train.out_dir={out_dir}", "train.steps=1",
             "train.prompts_per_step=2", "algo.mini_batch_prompts=1", "rollout.max_new_tokens=16",
             "train.save_every=0", "train.progress=false", "val.every=0", *extra]
     return load_config(PAPER / f"{name}.yaml", over)

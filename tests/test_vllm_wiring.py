@@ -28,9 +28,9 @@ NEAR_GREEDY = 1e-5  # the trainer needs temperature > 0; this close to 0 samplin
 
 def _sampling(params) -> Sampling:
     """The call's sampling (NEAR_GREEDY as greedy, so that rollouts can be compared with the in-process engine's)."""
-    t = params[0].temperature
-    assert all(sp.temperature == t for sp in params)
-    return Sampling(max(sp.max_tokens for sp in params), 0 if t == NEAR_GREEDY else t)
+    t, top_p, top_k = params[0].temperature, params[0].top_p, params[0].top_k
+    assert all((sp.temperature, sp.top_p, sp.top_k) == (t, top_p, top_k) for sp in params)
+    return Sampling(max(sp.max_tokens for sp in params), 0 if t == NEAR_GREEDY else t, top_p, top_k)
 
 
 def _pad(tok, reqs):
@@ -87,10 +87,10 @@ class StandInDual(DualVLLMEngine):
     def set_solo(self, solo: bool) -> None:
         self.solo_calls.append(solo)
 
-    def sync_senior(self, model) -> None:
-        from tandem_rlvr.engines.vllm_backend import vllm_weights
+    def _load_senior(self, model) -> None:
+        from tandem_rlvr.engines.weights import engine_weights
 
-        with vllm_weights(model) as weights:
+        with engine_weights(model) as weights:
             pushed = {n: w.detach().clone() for n, w in weights}
         self.llm.senior.load_state_dict(pushed, strict=False)
         self.pushes.append(pushed)
@@ -173,6 +173,26 @@ def test_weights_reach_the_senior_stack_after_every_update_and_on_resume(tmp_pat
     assert len(resumed.pushes) == 2
 
 
+def test_validation_samples_on_the_engine_and_equals_in_process_validation(tmp_path, tokenizer, models):
+    """With rollout.engine=vllm the senior-alone validation runs on the run's engine (the senior stack alone),
+    not on a gathered in-process copy; same seeds, so the same val/ metrics as in-process validation."""
+    import json
+
+    from test_cli_train import write_data
+
+    val = ["val.every=1", f"val.data={write_data(tmp_path / 'val.jsonl')}", "val.n=2", "val.limit=4",
+           "val.select=pass@2", "train.save_every=0"]
+    rows = {}
+    engine = _engine("trlvr", tokenizer, models)
+    for kind, eng in (("hf", None), ("vllm", engine)):
+        _trainer(_cfg(tmp_path, "trlvr", kind, *val, temperature=1.0), tokenizer, models, eng).train()
+        rows[kind] = [json.loads(x) for x in (tmp_path / kind / "metrics.jsonl").read_text().splitlines()]
+    vals = [{k: v for k, v in r.items() if k.startswith("val/")} for r in rows["vllm"]]
+    assert all(v and "val/pass@2" in v for v in vals)
+    assert vals == [{k: v for k, v in r.items() if k.startswith("val/")} for r in rows["hf"]]
+    assert engine.solo_calls.count(True) >= 2, "validation ran the senior stack alone, after each step"
+
+
 @pytest.mark.parametrize("extra,match", [
     (["rollout.engine=sglang"], "must be hf or vllm"),
     (["algo.arm=trlvr", "handoff.schedule=word", "rollout.vllm_timeout_s=0"], "vllm_timeout_s"),
@@ -219,6 +239,53 @@ def test_eval_on_vllm_starts_one_dual_engine_per_senior_with_the_junior(monkeypa
     eval_cli._vllm_llm(opts, "s", "j", "float32", 700)
     eval_cli._vllm_llm(opts, "s", "j", "float32")
     assert made == [("s", "j", 700), ("s", "j", opts.context)]
+
+
+class SleepyDual(DualStandIn):
+    """A dual stand-in with vLLM's sleep-mode calls, recorded in ``log`` with its rollouts."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.log: list[str] = []
+
+    def generate(self, reqs, params, use_tqdm=False):
+        self.log.append("generate")
+        return super().generate(reqs, params, use_tqdm)
+
+    def sleep(self, level):
+        self.log.append(f"sleep({level})")
+
+    def release_kv_cache_memory(self):
+        self.log.append("release_kv")
+
+    def wake_up(self, tags=None):
+        self.log.append(f"wake{tags}")
+
+    def reset_prefix_cache(self):
+        self.log.append("reset_prefix_cache")
+
+
+@pytest.mark.parametrize("mode, asleep", [
+    ("weights", ["sleep(1)", "wake['weights']", "push", "wake['kv_cache', 'scheduling']", "reset_prefix_cache"]),
+    ("kv", ["sleep(0)", "release_kv", "push", "wake['kv_cache', 'scheduling']", "reset_prefix_cache"]),
+    ("off", ["push", "reset_prefix_cache"]),
+])
+def test_sleep_mode_gives_memory_to_the_update_and_wakes_for_the_push(tmp_path, tokenizer, models, monkeypatch, mode,
+                                                                      asleep):
+    """rollout.vllm_sleep on a platform with sleep mode: after each step's rollouts the engine sleeps through the
+    update; its weights come back before the push loads the new ones, the KV cache and scheduler after it."""
+    from tandem_rlvr.engines import vllm_backend as vb
+
+    monkeypatch.setattr(vb, "_sleep_available", lambda m: m != "off")
+    llm = SleepyDual(*models, tokenizer)
+    engine = StandInDual(llm, tokenizer)
+    engine.sleeper = vb.EngineSleep(llm, mode)
+    real_load = engine._load_senior
+    engine._load_senior = lambda model: (llm.log.append("push"), real_load(model))
+    _trainer(_cfg(tmp_path, "trlvr", "vllm", "train.save_every=0", f"rollout.vllm_sleep={mode}"), tokenizer, models,
+             engine).train()
+    step = ["generate", *asleep]
+    assert llm.log == step + step
 
 
 class FaultyDual(DualStandIn):

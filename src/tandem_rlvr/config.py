@@ -37,6 +37,7 @@ class ModelConfig:
     trust_remote_code: bool = _f(False, "Allow model code from the checkpoint to run. Off unless you ask.")
     bridge: bool = _f(False, "Junior with a different tokenizer: co-write through text, re-encoding each turn (trlvr with handoff step or alternate only).")
     dtype: str = _f("float32", "Weights dtype: float32, bfloat16 or float16.")
+    junior_dtype: str = _f("", "Weights dtype of the frozen junior in the trainer (its log-probs): float32, bfloat16 or float16; empty = model.dtype. The paper configs keep it in bfloat16 (8 instead of 16 GB of a 4B model per GPU).")
     lora_r: int = _f(0, "LoRA rank for the senior (0 = full fine-tuning). With self_paired, the junior is the base with the adapter off.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_targets: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "Module names LoRA adapts.")
@@ -82,6 +83,8 @@ class RolloutConfig:
     mode: str = _f("lockstep", "How the in-process engine keeps both models in step (same tokens, owners and log-probs on the same seed): lockstep (both models read every token: one forward each per token) or catchup (a model runs only when it writes, then reads the tokens it missed in one forward; wins with small batches and long turns).")
     vllm_memory: float = _f(0.3, "Share of the accelerator's memory the vLLM engine may take (it shares the device with training).")
     vllm_timeout_s: float = _f(600.0, "Stop the run (the last checkpoint is kept) when a vLLM rollout or weight push does not finish within this many seconds.")
+    vllm_dtype: str = _f("model", "Weights dtype of the vLLM engine: model (= model.dtype), bfloat16, float16 or float32. The paper configs train float32 master weights and decode in bfloat16; each push casts the senior's weights.")
+    vllm_sleep: str = _f("off", "What the vLLM engine gives back to training between its rollouts (vLLM sleep mode, GPUs only): off (keeps everything), kv (releases its KV cache during the update) or weights (also moves its weights to host memory; they come back before the push). Accepted and ignored on a CPU (one log line).")
 
 
 @dataclass
@@ -360,15 +363,16 @@ def _engine_refusal(cfg: Config) -> tuple[str, str | None]:
 def validate(cfg: Config) -> None:
     """Cross-field checks; raises :class:`ConfigError` naming the key."""
     from tandem_rlvr.engines.serving import MODES
-    from tandem_rlvr.names import FSDP_MODES, LOSS_TYPES, SCHEDULES
+    from tandem_rlvr.names import LOSS_TYPES, SCHEDULES
 
     a, h, t, r = cfg.algo, cfg.handoff, cfg.train, cfg.rollout
-    engine_key, engine_why = _engine_refusal(cfg) if h.schedule in SCHEDULES else ("rollout.engine", None)
     checks = [
         (bool(cfg.model.senior), "model.senior", "must name a model (a local path or hub name)"),
         (cfg.model.self_paired or bool(cfg.model.junior), "model.junior", "is required unless model.self_paired is true"),
         (not (cfg.model.self_paired and cfg.model.junior), "model.junior", "must be empty when model.self_paired is true"),
         (cfg.model.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"must be float32, bfloat16 or float16, got {cfg.model.dtype!r}"),
+        (cfg.model.junior_dtype in ("", "float32", "bfloat16", "float16"), "model.junior_dtype",
+         f"must be empty (= model.dtype), float32, bfloat16 or float16, got {cfg.model.junior_dtype!r}"),
         (a.arm in ARMS, "algo.arm", f"must be one of {', '.join(ARMS)}, got {a.arm!r}"),
         (a.group_size >= 2, "algo.group_size", f"must be >= 2 (GRPO needs a group), got {a.group_size}"),
         (a.loss_type in LOSS_TYPES, "algo.loss_type", f"must be one of {', '.join(LOSS_TYPES)}, got {a.loss_type!r}"),
@@ -391,14 +395,7 @@ def validate(cfg: Config) -> None:
         (0 < r.top_p <= 1 and r.top_k >= 0, "rollout.top_p", "top_p must be in (0, 1] and top_k >= 0"),
         (r.batch_size == 0 or r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),
         (r.mode in MODES, "rollout.mode", f"must be {' or '.join(MODES)}, got {r.mode!r}"),
-        (engine_why is None, engine_key, engine_why),
-        (r.vllm_timeout_s > 0, "rollout.vllm_timeout_s", f"must be > 0, got {r.vllm_timeout_s}"),
-        (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
         (t.steps >= 1 and t.prompts_per_step >= 1, "train.steps", "steps and prompts_per_step must be >= 1"),
-        (t.fsdp in FSDP_MODES, "train.fsdp", f"must be {', '.join(FSDP_MODES[:-1])} or {FSDP_MODES[-1]}, got {t.fsdp!r}"),
-        (t.fsdp == "off" or (r.engine == "hf" and not cfg.model.lora_r and not cfg.model.bridge), "train.fsdp",
-         "works with rollout.engine=hf, full fine-tuning and one vocabulary (no model.lora_r, no model.bridge); "
-         "LoRA seniors are small enough for DDP"),
         (t.save_every >= 0 and t.keep_last >= 1, "train.save_every", "save_every must be >= 0 and keep_last >= 1"),
         (t.max_nonfinite >= 1, "train.max_nonfinite", f"must be >= 1, got {t.max_nonfinite}"),
         (0 < cfg.data.reward_timeout_s < math.inf and cfg.data.reward_workers >= 1, "data.reward_timeout_s", "must be > 0 (and reward_workers >= 1)"),
@@ -414,9 +411,32 @@ def validate(cfg: Config) -> None:
         band = a.senior_frac_band
         ok = len(band) == 2 and all(isinstance(x, (int, float)) for x in band) and 0 <= band[0] <= band[1] <= 1
         checks.append((ok, "algo.senior_frac_band", f"must be [low, high] with 0 <= low <= high <= 1, got {band}"))
-    for ok, key, msg in checks + _fault_checks(t):
+    for ok, key, msg in checks + _engine_checks(cfg) + _fault_checks(t):
         if not ok:
             raise ConfigError(f"config key {key!r} {msg}")
+
+
+def _engine_checks(cfg: Config) -> list:
+    """Checks of the rollout engine's keys and of the senior's sharding (train.fsdp)."""
+    from tandem_rlvr.names import FSDP_MODES, SCHEDULES, VLLM_SLEEP
+
+    t, r = cfg.train, cfg.rollout
+    engine_key, engine_why = _engine_refusal(cfg) if cfg.handoff.schedule in SCHEDULES else ("rollout.engine", None)
+    return [
+        (engine_why is None, engine_key, engine_why),
+        (r.vllm_timeout_s > 0, "rollout.vllm_timeout_s", f"must be > 0, got {r.vllm_timeout_s}"),
+        (0 < r.vllm_memory <= 1, "rollout.vllm_memory", f"must be in (0, 1], got {r.vllm_memory}"),
+        (r.vllm_dtype in ("model", "float32", "bfloat16", "float16"), "rollout.vllm_dtype",
+         f"must be model, float32, bfloat16 or float16, got {r.vllm_dtype!r}"),
+        (r.vllm_sleep in VLLM_SLEEP, "rollout.vllm_sleep", f"must be {', '.join(VLLM_SLEEP)}, got {r.vllm_sleep!r}"),
+        (t.fsdp in FSDP_MODES, "train.fsdp", f"must be {', '.join(FSDP_MODES[:-1])} or {FSDP_MODES[-1]}, got {t.fsdp!r}"),
+        (t.fsdp == "off" or not cfg.model.lora_r, "train.fsdp",
+         "shards full fine-tuning only: a LoRA senior's trained weights (the adapter) are small, so every process "
+         "keeps a copy; train it with train.fsdp=off (DDP)"),
+        (t.fsdp == "off" or not cfg.model.bridge, "train.fsdp",
+         "is not tested with a junior that reads another tokenizer (model.bridge, the text bridge); "
+         "use train.fsdp=off"),
+    ]
 
 
 def _fault_checks(t: TrainConfig) -> list:

@@ -137,3 +137,14 @@ def _too_long(ctx: ModelContext, lens, budget, budget_key, prompt_key, max_promp
     if prompt_key and max_prompt_tokens is not None:
         msg += f"; {prompt_key}={max_prompt_tokens}"
     return msg + f"; if the model reads more than its config says (rope scaling), set {override_key}"
+
+
+def engine_len(cfg, plan: ContextPlan) -> int:
+    """The context a training run's vLLM engine needs: the run's (longest kept prompt + budget) and, when it
+    validates there, any validation prompt within rollout.max_prompt_tokens with the validation budget,
+    capped at the models' limits."""
+    if not cfg.val.every:
+        return plan.engine_len
+    need = cfg.rollout.max_prompt_tokens + (cfg.val.max_new_tokens or cfg.rollout.max_new_tokens)
+    limits = [c.limit for c in plan.limits if c.limit is not None]
+    return max(plan.engine_len, min([need, *limits]))

@@ -189,14 +189,15 @@ def load_pair(mcfg) -> Pair:
     trc = mcfg.trust_remote_code
     tok = load_tokenizer(mcfg.senior, trust_remote_code=trc, role="senior")
     senior = load_causal_lm(mcfg.senior, dtype=mcfg.dtype, trust_remote_code=trc, role="senior")
+    jdtype = getattr(mcfg, "junior_dtype", "") or mcfg.dtype
     if mcfg.self_paired:
         if mcfg.lora_r > 0:
             senior = _apply_lora(senior, mcfg)
             return Pair(senior, AdapterOff(senior), tok, lora=True)
-        junior = freeze(copy.deepcopy(senior))
+        junior = freeze(copy.deepcopy(senior).to(DTYPES[jdtype]))
     else:
         jtok = load_tokenizer(mcfg.junior, trust_remote_code=trc, role="junior")
-        junior = freeze(load_causal_lm(mcfg.junior, dtype=mcfg.dtype, trust_remote_code=trc, role="junior"))
+        junior = freeze(load_causal_lm(mcfg.junior, dtype=jdtype, trust_remote_code=trc, role="junior"))
         if mcfg.lora_r > 0:
             senior = _apply_lora(senior, mcfg)
         if getattr(mcfg, "bridge", False):

@@ -28,3 +28,4 @@ def check_name(name: str) -> None:
 LOSS_TYPES = ("grpo", "dapo", "token_mean", "dr_grpo")
 TOKEN_MEAN_LOSSES = ("dapo", "token_mean")  # divided by a (global) token count, not per sequence
 FSDP_MODES = ("off", "full", "zero2")  # train.fsdp; see tandem_rlvr.training.fsdp
+VLLM_SLEEP = ("off", "kv", "weights")  # rollout.vllm_sleep; see tandem_rlvr.engines.vllm_backend.EngineSleep

@@ -146,6 +146,14 @@ def fit_train_prompts(cfg, examples, tok, contexts: list, jtok=None):
     return [keep[i] for i in plan.keep], [ids[i] for i in plan.keep], plan
 
 
+def fit_pair_prompts(cfg, pair, examples):
+    """:func:`fit_train_prompts` for a loaded pair: the prompts a run trains on, within
+    rollout.max_prompt_tokens and every model's context."""
+    contexts = train_contexts(cfg, pair.tokenizer, pair.senior.config, pair.junior_tokenizer,
+                              getattr(pair.junior, "config", None))
+    return fit_train_prompts(cfg, examples, pair.tokenizer, contexts, pair.junior_tokenizer)
+
+
 def check_train_context(cfg, tok, jtok) -> None:
     """The context check of a training run before any weights load: configs, tokenizers and the whole
     training data (see :mod:`tandem_rlvr.context`)."""

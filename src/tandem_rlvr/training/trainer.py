@@ -8,6 +8,7 @@ run continues exactly where an uninterrupted one would be.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -19,6 +20,7 @@ import torch
 
 from tandem_rlvr.training import checkpoint as ckpt_mod
 from tandem_rlvr import preflight
+from tandem_rlvr.context import engine_len
 from tandem_rlvr.training import core, dist, fsdp, preempt, rundir
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
@@ -67,7 +69,7 @@ class Trainer:
         self.tok = self.pair.tokenizer
         self.eos = eos_ids(self.tok, self.pair.senior)
         self.examples = examples if examples is not None else _load_train(cfg)
-        self.prompt_example, self.prompts, self.context = _fit_prompts(cfg, self.pair, self.examples)
+        self.prompt_example, self.prompts, self.context = preflight.fit_pair_prompts(cfg, self.pair, self.examples)
         self.bridge = self.pair.junior_tokenizer is not None
         self.reward_fn = reward_fn if reward_fn is not None else import_reward(cfg.data.reward)
         self.text_metrics = text_metrics
@@ -91,7 +93,7 @@ class Trainer:
             self.junior.to(self.acc.device)
         self.engine = training_engine(cfg, self.pair, self.acc.unwrap_model(self.senior), self.schedule,
                                       eos_token_ids=self.eos, num_processes=self.acc.num_processes,
-                                      vllm_engine=vllm_engine, max_model_len=self.context.engine_len)
+                                      vllm_engine=vllm_engine, max_model_len=engine_len(cfg, self.context))
         self.engine.check(self.schedule)
         self.scorer = None
         self.step = 0
@@ -168,27 +170,28 @@ class Trainer:
         sampling = Sampling(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
         senior = self.acc.unwrap_model(self.senior)
         senior.eval()
-        with fsdp.gathered(senior):
+        with contextlib.nullcontext() if self.engine.own_weights else fsdp.gathered(senior):  # vLLM: its own copy
             return self._rollout_chunks(local, chunk_prompts, sampling, step)
 
     def _rollout_chunks(self, local, chunk_prompts: int, sampling: Sampling, step: int):
+        """Every chunk of this process's prompts, in one engine call (vLLM batches them; each keeps its seeds)."""
         cfg, G = self.cfg, self.cfg.algo.group_size
-        parts, idx = [], []
+        batches, idx = [], []
         for c in range(0, len(local), chunk_prompts):
             chunk = local[c:c + chunk_prompts]
             rows = [i for _, i in chunk for _ in range(G)]
             prompts = PromptBatch.left_padded([self.prompts[i] for i in rows], self.tok.pad_token_id, self.acc.device,
                                               [self.examples[self.prompt_example[i]].problem for i in rows])
-            try:
-                parts.append(self.engine.generate(prompts, self.schedule, sampling,
-                                                  seed=_step_seed(cfg.train.seed, step) + chunk[0][0]))
-            except RuntimeError as e:
-                if "probability tensor" not in str(e):
-                    raise
-                raise TandemError(f"non-finite logits while sampling the rollout of step {step + 1} "
-                                  f"(senior {cfg.model.senior!r} or junior {cfg.model.junior!r}): the weights "
-                                  "hold NaN/inf or the dtype overflows; try model.dtype=float32") from None
+            batches.append((prompts, _step_seed(cfg.train.seed, step) + chunk[0][0]))
             idx.extend(rows)
+        try:
+            parts = self.engine.generate_many(batches, self.schedule, sampling)
+        except RuntimeError as e:
+            if "probability tensor" not in str(e):
+                raise
+            raise TandemError(f"non-finite logits while sampling the rollout of step {step + 1} "
+                              f"(senior {cfg.model.senior!r} or junior {cfg.model.junior!r}): the weights "
+                              "hold NaN/inf or the dtype overflows; try model.dtype=float32") from None
         return concat_rollouts(parts, self.tok.pad_token_id), idx
 
     def rewards(self, texts: list[str], idx: list[int]) -> tuple[torch.Tensor, dict]:
@@ -296,6 +299,7 @@ class Trainer:
         """One full step; returns its metrics row."""
         t0 = time.perf_counter()
         rollout, idx = self.rollout(step)
+        self.engine.sleep()  # rollout.vllm_sleep: its memory goes to the update until the push
         t1 = time.perf_counter()
         owned = {}
         if self.plan.mask_owner:  # fail closed on a lost or wrong ownership mask (tandem_rlvr.training.ownership)
@@ -386,12 +390,15 @@ class Trainer:
 
     def validate(self) -> dict:
         """Solo validation of the senior (as the paper does); tracks the best checkpoint."""
-        from tandem_rlvr.evaluation.evaluate import validate as run_val
+        from accelerate.utils import gather_object
 
-        cfg = self.cfg
-        senior = self.acc.unwrap_model(self.senior)
-        with fsdp.gathered(senior):
-            metrics = run_val(senior, self.tok, cfg, step=self.step, reward_fn=self.reward_fn)
+        from tandem_rlvr.evaluation.validation import validate as run_val
+
+        cfg, senior, own = self.cfg, self.acc.unwrap_model(self.senior), self.engine.own_weights
+        with contextlib.nullcontext() if own else fsdp.gathered(senior):  # vLLM: its own copy, no gather
+            metrics = run_val(senior, self.tok, cfg, step=self.step, reward_fn=self.reward_fn,
+                              engine=self.engine if own else None, shard=(self.acc.process_index, self.acc.num_processes),
+                              gather=lambda chains: [c for part in gather_object([chains]) for c in part])
         if self.acc.num_processes > 1:  # every process takes the main one's verdict (saving best/ is collective)
             from accelerate.utils import broadcast_object_list
 
@@ -480,13 +487,6 @@ def best_step(rows, metric: str) -> tuple[int | None, float | None]:
         if metric in row and improves(best, row[metric]):
             best, step = row[metric], row["step"]
     return step, best
-
-
-def _fit_prompts(cfg: Config, pair, examples):
-    """The prompts the run trains on: within rollout.max_prompt_tokens and every model's context (preflight)."""
-    contexts = preflight.train_contexts(cfg, pair.tokenizer, pair.senior.config, pair.junior_tokenizer,
-                                        getattr(pair.junior, "config", None))
-    return preflight.fit_train_prompts(cfg, examples, pair.tokenizer, contexts, pair.junior_tokenizer)
 
 
 def train(cfg: Config, *, restart: bool = False, **kw) -> Path:

@@ -1,0 +1,87 @@
+"""The trained senior's weights as a rollout engine loads them: ``(name, tensor)`` under the checkpoint's names.
+
+One iterator for every way the trainer holds the senior:
+
+- a plain (DDP) model: its parameters as they are;
+- a peft model: the adapter merged in while the iterator is open, under the base model's names;
+- an FSDP2-sharded model (``train.fsdp`` full or zero2): streamed one FSDP unit at a time (the root's own
+  parameters, then each decoder layer's): the unit is gathered, copies of its full tensors are handed
+  out in the engine's dtype, the unit is resharded, the next one follows. A process never holds more
+  than its shard plus the unit being loaded (and the copies the loader has not consumed yet), never a
+  full copy of the model. Collective: every process must exhaust the iterator, in the same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["engine_weights", "is_sharded", "fsdp_units"]
+
+
+def is_sharded(model) -> bool:
+    """Whether ``model`` is sharded with FSDP2's ``fully_shard``."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def engine_weights(model, dtype: torch.dtype | None = None) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
+    """The model's weights under the names vLLM loads, cast to ``dtype`` (None: as they are).
+
+    A peft adapter is merged in while the block is open; a sharded model is streamed unit by unit (see the
+    module's doc)."""
+    merged = hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
+    if merged:
+        model.merge_adapter()
+    try:
+        source = _streamed(model, dtype) if is_sharded(model) else _plain(model, dtype)
+        yield _renamed(source, peft=merged)
+    finally:
+        if merged:
+            model.unmerge_adapter()
+
+
+def _plain(model, dtype):
+    for name, p in model.named_parameters():
+        yield name, p.detach() if dtype in (None, p.dtype) else p.detach().to(dtype)
+
+
+def _streamed(model, dtype):
+    for prefix, unit, names in fsdp_units(model):
+        unit.unshard()
+        try:
+            for name in names:  # copies: a loader may hold them after the unit is resharded
+                p = unit.get_parameter(name).detach()
+                yield prefix + name, p.to(dtype or p.dtype, copy=True)
+        finally:
+            unit.reshard()
+
+
+def fsdp_units(model) -> list[tuple[str, object, list[str]]]:
+    """``(qualified prefix, FSDP unit, names of the parameters the unit itself manages)``, root first."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [(n, m) for n, m in model.named_modules() if isinstance(m, FSDPModule)]
+    out = []
+    for name, unit in units:
+        inner = [(other[len(name) + 1:] if name else other) + "." for other, _ in units
+                 if other != name and (not name or other.startswith(name + "."))]
+        own = [n for n, _ in unit.named_parameters() if not any(n.startswith(i) for i in inner)]
+        out.append((name + "." if name else "", unit, own))
+    return out
+
+
+def _renamed(source, peft: bool):
+    for name, tensor in source:
+        if peft:
+            if "lora_" in name or "original_module" in name:
+                continue
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            name = name.replace("modules_to_save.default.", "")
+        yield name.replace("_checkpoint_wrapped_module.", ""), tensor
