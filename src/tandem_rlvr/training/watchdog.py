@@ -31,6 +31,7 @@ from tandem_rlvr.errors import EXIT_HUNG, PeerLost
 log = logging.getLogger(__name__)
 
 BEAT_S = 1.0  # heartbeat period of PeerWatch
+STOP_WAIT_S = 10.0  # how long stop() waits for the heartbeat thread's last store call
 SILENT_S = 30.0  # a neighbour silent this long is reported at once (before any collective times out)
 
 
@@ -130,7 +131,11 @@ class PeerWatch:
             return None
 
     def stop(self) -> None:
+        """Stop beating and wait for the thread (at most one store call, ~ms with every peer alive): a daemon
+        thread still inside the store's C++ code when the interpreter exits aborts the process."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=STOP_WAIT_S)
 
     def _beat(self) -> None:
         self.store.set(f"tandem/hb/{self.rank}", json.dumps({"t": time.time(), **self.state}))
