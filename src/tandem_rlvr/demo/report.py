@@ -169,7 +169,7 @@ def _timing(results: dict) -> str:
 
 
 WORLD_TITLES = {"arith": "built-in arithmetic world",
-                "shorthand": "built-in shorthand world (`--world shorthand`; its \"jargon rate\" is the shorthand rate)"}
+                "shorthand": "built-in shorthand world, `--world shorthand`; its jargon rate is the shorthand rate"}
 
 
 def _title(results: dict) -> str:
