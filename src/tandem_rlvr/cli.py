@@ -28,7 +28,7 @@ def _demo(args: argparse.Namespace) -> int:
     from tandem_rlvr.demo import run_demo
 
     run_demo(out_dir=args.out, quick=args.quick, seeds=args.seeds, force_world=args.rebuild_world,
-             restart=args.restart, workers=args.workers, junior=args.junior)
+             restart=args.restart, workers=args.workers, junior=args.junior, world=args.world)
     return 0
 
 
@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quick", action="store_true", help="1 seed, fewer steps, smaller eval (under 2 minutes; direction only)")
     d.add_argument("--junior", choices=("weak", "self"), default="weak",
                    help="weak: the world's weaker junior (default); self: a frozen copy of the senior's warm start")
+    d.add_argument("--world", choices=("arith", "shorthand"), default="arith",
+                   help="arith: the arithmetic world (default); shorthand: long chains under a token budget and a terse "
+                        "style the warm start rarely writes (for --junior self)")
     d.add_argument("--seeds", type=int, default=None, help="seeds per run (default 5; 1 with --quick)")
     d.add_argument("--out", default="demo_out", help="output directory")
     d.add_argument("--rebuild-world", action="store_true", help="rebuild the cached world models")

@@ -52,6 +52,26 @@ class DemoPlan:
 FULL = DemoPlan()
 QUICK = DemoPlan(seeds=1, steps=6, prompts_per_step=8, group_size=4, eval_problems=16, eval_n=2,
                  curve_ps=(1.0, 0.5), val_every=3, val_problems=8)
+# The shorthand world (``--world shorthand``, meant for ``--junior self``): the same arms and sizes, its own
+# token budget (``world.shorthand.BUDGET``: every shorthand solution fits it, no 7-8 op plain one does) and
+# learning rate (at 1e-4, 20 steps left the senior within 0.002 nats/token of its warm start; at 1e-3 GRPO
+# collapsed: README, "The shorthand world").
+SHORTHAND_FULL = DemoPlan(max_new_tokens=80, lr=3e-4)
+SHORTHAND_QUICK = DemoPlan(**{**QUICK.__dict__, "max_new_tokens": 80, "lr": 3e-4})
+PLANS = {"arith": (FULL, QUICK), "shorthand": (SHORTHAND_FULL, SHORTHAND_QUICK)}  # (full, --quick) per world
+SOURCES = {"arith": "world", "shorthand": "shorthand"}  # each world's data source: load_examples("<source>/<split>")
+
+
+def style_rate(world: str):
+    """The world's compressed-style detector over texts (the report's "jargon rate" row): the arithmetic
+    world's jargon, the shorthand world's shorthand."""
+    if world == "shorthand":
+        from tandem_rlvr.world.shorthand import shorthand_rate
+
+        return shorthand_rate
+    from tandem_rlvr.world.problems import jargon_rate
+
+    return jargon_rate
 
 
 def run_names(plan: DemoPlan) -> list[str]:
@@ -66,7 +86,7 @@ def split_run(name: str) -> tuple[str, float]:
 
 
 def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir: str, junior_dir: str | None,
-                 progress: bool = True):
+                 progress: bool = True, world: str = "arith"):
     """The demo's training config for one run (:func:`run_names`) and seed (the same for every run but
     ``algo.arm`` and ``algo.kl_beta``)."""
     arm, beta = split_run(run)
@@ -78,8 +98,8 @@ def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir:
         "rollout": {"max_new_tokens": plan.max_new_tokens, "temperature": 0.6, "max_prompt_tokens": 256},
         "train": {"steps": plan.steps, "prompts_per_step": plan.prompts_per_step, "save_every": 0,
                   "seed": seed, "out_dir": str(out_dir), "progress": progress},
-        "data": {"train": "world/train", "reward": "math", "reward_workers": 1},
-        "val": {"data": "world/val", "every": plan.val_every, "n": plan.val_n, "limit": plan.val_problems},
+        "data": {"train": f"{SOURCES[world]}/train", "reward": "math", "reward_workers": 1},
+        "val": {"data": f"{SOURCES[world]}/val", "every": plan.val_every, "n": plan.val_n, "limit": plan.val_problems},
     }
     for dotted, value in plan.overrides.items():
         node = base
@@ -90,23 +110,20 @@ def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir:
     return load_config(base=base)
 
 
-def _jargon_metrics(texts: list[str]) -> dict:
-    from tandem_rlvr.world.problems import jargon_rate
-
-    return {"rollout/jargon_rate": jargon_rate(texts)}
+def _jargon_metrics(texts: list[str], world: str = "arith") -> dict:
+    return {"rollout/jargon_rate": style_rate(world)(texts)}
 
 
 def _evaluate(senior, junior, tok, examples, plan: DemoPlan, scorer, seed: int, label: str, chains_path: Path,
-              progress: bool = True) -> dict:
+              progress: bool = True, world: str = "arith") -> dict:
     from tandem_rlvr.evaluation.evaluate import eval_sampling, evaluate_pair
-    from tandem_rlvr.world.problems import jargon_rate
 
     metrics, chains = evaluate_pair(
         senior, junior, tok, examples, n=plan.eval_n, sampling=eval_sampling(plan.max_new_tokens), seed=seed,
         scorer=scorer, curve_ps=plan.curve_ps, batch_size=64, labels={"senior": label}, progress=progress,
     )
     solo_texts = [c["text"] for c in chains if c.get("mode") == "solo"]
-    metrics["jargon_rate"] = jargon_rate(solo_texts)
+    metrics["jargon_rate"] = style_rate(world)(solo_texts)
     _save_chains(chains_path, chains)
     return metrics
 
@@ -129,12 +146,12 @@ def _save_chains(path: Path, chains: list[dict]) -> None:
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
-def _write_problems(out: Path, plan: DemoPlan) -> None:
+def _write_problems(out: Path, plan: DemoPlan, world: str = "arith") -> None:
     """The evaluated test problems ``{id: text}`` for the HTML report's chain browser."""
     from tandem_rlvr.data import load_examples
 
     (out / "chains").mkdir(parents=True, exist_ok=True)
-    problems = {str(e.id): e.problem for e in load_examples("world/test")[: plan.eval_problems]}
+    problems = {str(e.id): e.problem for e in load_examples(f"{SOURCES[world]}/test")[: plan.eval_problems]}
     atomic_write_json(out / "chains" / "problems.json", problems)
 
 
@@ -151,7 +168,8 @@ def _previous(out: Path, results: dict, restart: bool) -> dict:
     except ValueError:
         log.warning("ignoring unreadable %s (starting over)", path)
         return results
-    same = all(old.get(k) == results[k] for k in ("plan", "junior")) and old.get("world", {}).get("senior") == results["world"]["senior"]
+    same = (all(old.get(k) == results[k] for k in ("plan", "junior"))
+            and all(old.get("world", {}).get(k, "arith" if k == "name" else None) == results["world"][k] for k in ("senior", "name")))
     if not same:
         log.info("%s holds another plan, world or junior: starting over", path)
         return results
@@ -162,39 +180,44 @@ def _previous(out: Path, results: dict, restart: bool) -> dict:
 
 def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: int | None = None,
              force_world: bool = False, junior: str = "weak", plan: DemoPlan | None = None,
-             restart: bool = False, workers: int | None = None) -> dict:
+             restart: bool = False, workers: int | None = None, world: str = "arith",
+             world_seed: int | None = None) -> dict:
     """Run the whole demo; returns the results dict also written to ``out_dir/results.json``.
 
     The warm start's evaluation and each (arm, seed) run are independent jobs; ``workers`` (default:
     one per usable CPU, at most one per job) run them in parallel processes of one intra-op thread
     each, with the same numbers as one process (every job seeds itself). An interrupted demo resumes:
     evaluations already in ``out_dir/results.json`` (same plan, world and junior) are kept, the rest
-    is trained and evaluated (``restart``: all)."""
+    is trained and evaluated (``restart``: all). ``world`` names the built-in world (``arith``, the default,
+    or ``shorthand``, see :mod:`tandem_rlvr.world.shorthand`); its plan (:data:`PLANS`) is the default;
+    ``world_seed`` builds it under another build seed (a robustness check; default: the shipped one)."""
     from tandem_rlvr.demo.report import write_report
     from tandem_rlvr.preflight import check_demo
     from tandem_rlvr.world.build import build_world
 
     check_demo(out_dir, junior=junior, seeds=seeds, workers=workers)  # before the world build and any training
+    if world not in PLANS:
+        raise TandemError(f"demo world must be one of {', '.join(PLANS)}, got {world!r}")
 
-    plan = plan or (QUICK if quick else FULL)
+    plan = plan or PLANS[world][1 if quick else 0]
     if seeds is not None:
         plan = DemoPlan(**{**plan.__dict__, "seeds": seeds})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    paths = build_world(force=force_world)
+    paths = build_world(force=force_world, world=world, **({} if world_seed is None else {"seed": world_seed}))
     jdir = str(paths.junior_dir) if junior == "weak" else None
     results = {"plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.__dict__.items()}, "junior": junior,
-               "world": {"senior": str(paths.senior_dir), "junior": str(paths.junior_dir),
+               "world": {"name": world, **({} if world_seed is None else {"seed": world_seed}), "senior": str(paths.senior_dir), "junior": str(paths.junior_dir),
                          "build_s": time.perf_counter() - t0},
                "warm_start": {}, "arms": {r: {} for r in run_names(plan)}, "curves": {r: {} for r in run_names(plan)},
                "senior_alone_step0": {}}
     results = _previous(out, results, restart)
-    _write_problems(out, plan)
+    _write_problems(out, plan, world)
     todo = _pending(results, plan)
     n = _n_workers(workers, len(todo))
     results["workers"] = n
-    ctx = _Context(str(paths.senior_dir), jdir, plan, str(out.resolve()))
+    ctx = _Context(str(paths.senior_dir), jdir, plan, str(out.resolve()), world)
     runner = _run_parallel if n > 1 else _run_sequential
     for job, (curve, metrics) in runner(ctx, todo, n):
         _store(results, job, curve, metrics)
@@ -216,6 +239,7 @@ class _Context:
     junior_dir: str | None  # None: self-paired (a frozen copy of the warm start)
     plan: DemoPlan
     out: str
+    world: str = "arith"
 
 
 def _pending(results: dict, plan: DemoPlan) -> list[tuple[str | None, int]]:
@@ -254,13 +278,13 @@ def _world(ctx: _Context) -> dict:
         from tandem_rlvr.data import load_examples
         from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
 
-        warm = load_causal_lm(ctx.senior_dir)
+        warm, src = load_causal_lm(ctx.senior_dir), SOURCES[ctx.world]
         _WORLD.clear()
         _WORLD.update(ctx=ctx, tok=load_tokenizer(ctx.senior_dir), warm=warm,
                       junior=freeze(load_causal_lm(ctx.junior_dir) if ctx.junior_dir else copy.deepcopy(warm)),
-                      train=load_examples("world/train"),
-                      test=load_examples("world/test")[: ctx.plan.eval_problems],
-                      val=load_examples("world/val")[: ctx.plan.val_problems])
+                      train=load_examples(f"{src}/train"),
+                      test=load_examples(f"{src}/test")[: ctx.plan.eval_problems],
+                      val=load_examples(f"{src}/val")[: ctx.plan.val_problems])
     return _WORLD
 
 
@@ -276,29 +300,31 @@ def _run_job(ctx: _Context, job: tuple, progress: bool) -> tuple[list | None, di
 
 
 def _train_and_evaluate(ctx: _Context, job: tuple, progress: bool) -> tuple[list | None, dict]:
+    from functools import partial
+
     from tandem_rlvr.demo.val import DemoTrainer, senior_alone
     from tandem_rlvr.models import Pair
     from tandem_rlvr.rewards import RewardScorer
 
-    w, plan, (run, seed) = _world(ctx), ctx.plan, job
+    w, plan, (run, seed), rate = _world(ctx), ctx.plan, job, style_rate(ctx.world)
     chains = Path(ctx.out) / "chains"
     with RewardScorer("math", time_limit=2.0, num_workers=1) as scorer:
         if run is None:
             metrics = _evaluate(w["warm"], w["junior"], w["tok"], w["test"], plan, scorer, 0, "warm_start",
-                                chains / "warm_start.jsonl", progress)
+                                chains / "warm_start.jsonl", progress, ctx.world)
             if plan.val_every:
                 metrics["senior_alone"] = senior_alone(w["warm"], w["junior"], w["tok"], w["val"], scorer,
-                                                       n=plan.val_n, max_new_tokens=plan.max_new_tokens)
+                                                       n=plan.val_n, max_new_tokens=plan.max_new_tokens, style_rate=rate)
             return None, metrics
         run_dir = Path(ctx.out) / "runs" / f"{run}-seed{seed}"
-        cfg = train_config(run, seed, run_dir, plan, ctx.senior_dir, ctx.junior_dir, progress=progress)
+        cfg = train_config(run, seed, run_dir, plan, ctx.senior_dir, ctx.junior_dir, progress=progress, world=ctx.world)
         tr = DemoTrainer(cfg, pair=Pair(copy.deepcopy(w["warm"]), w["junior"], w["tok"]), examples=w["train"],
-                         restart=True, text_metrics=_jargon_metrics, val_examples=w["val"], scorer=scorer,
-                         val_n=plan.val_n)
+                         restart=True, text_metrics=partial(_jargon_metrics, world=ctx.world), val_examples=w["val"],
+                         scorer=scorer, val_n=plan.val_n, style_rate=rate)
         tr.train()
         senior = tr.acc.unwrap_model(tr.senior).eval()
         metrics = _evaluate(senior, w["junior"], w["tok"], w["test"], plan, scorer, 1000 + seed,
-                            f"{run}-seed{seed}", chains / f"{run}-seed{seed}.jsonl", progress)
+                            f"{run}-seed{seed}", chains / f"{run}-seed{seed}.jsonl", progress, ctx.world)
         return _curve_rows(run_dir), metrics
 
 

@@ -168,6 +168,16 @@ def _timing(results: dict) -> str:
     return f"{head} (world build {results['world']['build_s']:.0f} s; the jobs' CPU time {cpu:.0f} s)."
 
 
+WORLD_TITLES = {"arith": "built-in arithmetic world",
+                "shorthand": "built-in shorthand world, `--world shorthand`; its jargon rate is the shorthand rate"}
+
+
+def _title(results: dict) -> str:
+    """The report's title, naming the world (``results["world"]["name"]``, ``arith`` when absent)."""
+    world = results.get("world", {}).get("name", "arith")
+    return f"# Tandem RLVR demo ({WORLD_TITLES.get(world, world + ' world')})"
+
+
 def write_report(results: dict, out_dir: str | Path) -> Path:
     """Write ``report.md``, the plots and ``report.html``; returns the report path."""
     from tandem_rlvr.demo.plots import write_plots
@@ -177,7 +187,7 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
     plan = results["plan"]
     seeds = n_seeds(results)
     text = [
-        "# Tandem RLVR demo (built-in arithmetic world)", "",
+        _title(results), "",
         f"Seeds: {seeds}{'' if seeds >= plan['seeds'] else ' of the ' + str(plan['seeds']) + ' planned (an unfinished run)'}; "
         f"{plan['steps']} training steps of {plan['prompts_per_step']} prompts x "
         f"{plan['group_size']} rollouts; kl_reg β sweep {plan.get('kl_betas')}; evaluation on {plan['eval_problems']} "

@@ -16,7 +16,7 @@ from tandem_rlvr.training.trainer import Trainer
 VAL_SEED = 4242  # one seed for every step and run: the points differ only by the senior
 
 
-def senior_alone(senior, junior, tok, examples, scorer, *, n: int, max_new_tokens: int) -> dict:
+def senior_alone(senior, junior, tok, examples, scorer, *, n: int, max_new_tokens: int, style_rate=None) -> dict:
     """Solo chains of ``senior`` on ``examples`` (``n`` each, evaluation decoding): accuracy, jargon
     rate, and the junior's view of them (exact KL and CE, teacher-forced)."""
     from tandem_rlvr.data import encode_prompts
@@ -25,6 +25,8 @@ def senior_alone(senior, junior, tok, examples, scorer, *, n: int, max_new_token
     from tandem_rlvr.models import eos_ids
     from tandem_rlvr.engines.rollout import generate
     from tandem_rlvr.world.problems import jargon_rate
+
+    style_rate = style_rate or jargon_rate  # the world's compressed-style detector (default: jargon)
 
     keep, prompts = encode_prompts(tok, examples, max_prompt_tokens=256, what="senior-alone validation")
     rows = [i for i in range(len(prompts)) for _ in range(n)]
@@ -47,7 +49,7 @@ def senior_alone(senior, junior, tok, examples, scorer, *, n: int, max_new_token
     texts = ro.texts(tok)
     rewards, _ = scorer.score(texts, [str(examples[keep[i]].answer) for i in rows])
     return {"senior/solo_pass@1": sum(float(r) for r in rewards) / len(rewards),
-            "senior/jargon_rate": jargon_rate(texts),
+            "senior/jargon_rate": style_rate(texts),
             "senior/kl_exact": float(scores["kl_exact"].mean()),
             "senior/junior_ce": float(scores["junior_ce"].mean())}
 
@@ -55,12 +57,12 @@ def senior_alone(senior, junior, tok, examples, scorer, *, n: int, max_new_token
 class DemoTrainer(Trainer):
     """The library's trainer whose periodic validation (``val.every``) is :func:`senior_alone`."""
 
-    def __init__(self, cfg, *, val_examples, scorer, val_n: int, **kw):
+    def __init__(self, cfg, *, val_examples, scorer, val_n: int, style_rate=None, **kw):
         super().__init__(cfg, **kw)
-        self._val = (val_examples, scorer, val_n)
+        self._val = (val_examples, scorer, val_n, style_rate)
 
     def validate(self) -> dict:
-        examples, scorer, n = self._val
+        examples, scorer, n, rate = self._val
         senior = self.acc.unwrap_model(self.senior)
         return senior_alone(senior, self.pair.junior, self.tok, examples, scorer, n=n,
-                            max_new_tokens=self.cfg.rollout.max_new_tokens)
+                            max_new_tokens=self.cfg.rollout.max_new_tokens, style_rate=rate)

@@ -6,6 +6,9 @@
 * :mod:`tandem_rlvr.world.build` — ``build_world()``: tokenizer + weaker junior + senior warm start,
   cached on disk and built atomically.
 * :mod:`tandem_rlvr.world.probe` — small accuracy / style probes of the built models.
+* :mod:`tandem_rlvr.world.shorthand` — the second built-in world (``build_world(world="shorthand")``):
+  long chains, a token budget, and a terse style that writes every other running total; its recipe,
+  probes and properties in :mod:`tandem_rlvr.world.shorthand_build`.
 
 Heavy imports (torch, transformers) happen lazily inside the functions that need them.
 """
@@ -22,6 +25,7 @@ from tandem_rlvr.world.problems import (
     plain_solution,
     solve_problem_text,
 )
+from tandem_rlvr.world import shorthand as _shorthand  # noqa: E402,F401 (registers the data source "shorthand/<split>")
 
 __all__ = [
     "INSTRUCTION",

@@ -113,8 +113,24 @@ def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
     return {"junior": replace(JUNIOR_SPEC, seed=seed + 1 + step), "senior": replace(SENIOR_SPEC, seed=seed + 2 + step)}
 
 
-def recipe(seed: int = SEED) -> dict:
+WORLDS = ("arith", "shorthand")  # the built-in worlds; arith (this module's recipe) is the default
+
+
+def world_module(world: str):
+    """The module holding a non-default world's recipe, probes and properties (None for ``arith``)."""
+    if world == "arith":
+        return None
+    if world == "shorthand":
+        from tandem_rlvr.world import shorthand_build
+
+        return shorthand_build
+    raise ValueError(f"unknown world {world!r}; choose from {', '.join(WORLDS)}")
+
+
+def recipe(seed: int = SEED, world: str = "arith") -> dict:
     """Everything that determines the built world; its hash names the cache folder."""
+    if world != "arith":
+        return world_module(world).recipe(seed)
     specs = model_specs(seed)
     return {
         "version": WORLD_VERSION,
@@ -138,10 +154,12 @@ def _format_fingerprint() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def world_key(seed: int = SEED) -> str:
-    """The versioned cache folder name, e.g. ``world-v1-3f2a9c01de``."""
-    digest = hashlib.sha256(json.dumps(recipe(seed), sort_keys=True).encode()).hexdigest()
-    return f"world-v{WORLD_VERSION}-{digest[:10]}"
+def world_key(seed: int = SEED, world: str = "arith") -> str:
+    """The versioned cache folder name, e.g. ``world-v1-3f2a9c01de`` (``shorthand-v1-...`` for that world)."""
+    digest = hashlib.sha256(json.dumps(recipe(seed, world), sort_keys=True).encode()).hexdigest()
+    if world == "arith":
+        return f"world-v{WORLD_VERSION}-{digest[:10]}"
+    return f"{world}-v{world_module(world).VERSION}-{digest[:10]}"
 
 
 def default_cache_dir() -> Path:
@@ -169,13 +187,13 @@ def _file_table(root: Path) -> dict[str, dict]:
     return table
 
 
-def is_complete(root: Path, seed: int = SEED) -> bool:
+def is_complete(root: Path, seed: int = SEED, world: str = "arith") -> bool:
     """Whether ``root`` holds a finished build: a manifest of this recipe whose files all match."""
     try:
         manifest = json.loads((root / "manifest.json").read_text())
     except (OSError, ValueError):
         return False
-    if manifest.get("recipe") != json.loads(json.dumps(recipe(seed))):
+    if manifest.get("recipe") != json.loads(json.dumps(recipe(seed, world))):
         return False
     files = manifest.get("files") or {}
     for rel in ("senior/model.safetensors", "junior/model.safetensors", "tokenizer/tokenizer.json"):
@@ -241,16 +259,18 @@ def normalize_configs(root: Path) -> None:
         path.write_text(json.dumps({k: v for k, v in cfg.items() if k not in ENV_KEYS}, indent=2, ensure_ascii=False) + "\n")
 
 
-def _build_into(tmp: Path, progress: bool, seed: int = SEED) -> None:
+def _build_into(tmp: Path, progress: bool, seed: int = SEED, world: str = "arith") -> None:
     """Build every artefact of the world into ``tmp`` (models retrained until the promised properties hold)
     and write its manifest last."""
-    start = time.time()
+    start, mod = time.time(), world_module(world)
+    corpus = tokenizer_corpus(seed) if mod is None else mod.tokenizer_corpus(seed)
     tokenizer = build_tokenizer(
-        tokenizer_corpus(seed), TOKENIZER_VOCAB, tmp / "tokenizer", pattern=DIGIT_PATTERN, extra_tokens=[INSTRUCTION]
+        corpus, TOKENIZER_VOCAB, tmp / "tokenizer", pattern=DIGIT_PATTERN, extra_tokens=[INSTRUCTION]
     )
-    stats, tries = _train_until_properties_hold(tmp, progress, seed)
+    stats, tries = (_train_until_properties_hold(tmp, progress, seed) if mod is None
+                    else _train_until_properties_hold(tmp, progress, seed, world))
     manifest = {
-        "recipe": recipe(seed),
+        "recipe": recipe(seed, world),
         "vocab_size": len(tokenizer),
         "models": stats,
         "tries": tries,
@@ -264,31 +284,45 @@ class WorldBuildError(TandemError):
     """No try of a world build kept the promised properties; the message lists what each try measured."""
 
 
-def _train_until_properties_hold(tmp: Path, progress: bool, seed: int) -> tuple[dict, list[dict]]:
+def _gate(world: str):
+    """``(specs, measure, failures, retrain, values, count, max tries)`` of a world's property gate."""
+    mod = world_module(world)
+    if mod is None:
+        from tandem_rlvr.world import probe
+        from tandem_rlvr.world.properties import models_to_retrain, property_failures, property_values
+
+        return (model_specs, lambda paths, count: probe.measure_models(paths, count=count), property_failures,
+                models_to_retrain, property_values, PROPERTY_COUNT, MAX_TRIES)
+    return (mod.model_specs, mod.measure_models, mod.property_failures, mod.models_to_retrain, mod.property_values,
+            mod.PROPERTY_COUNT, mod.MAX_TRIES)
+
+
+def _train_until_properties_hold(tmp: Path, progress: bool, seed: int, world: str = "arith") -> tuple[dict, list[dict]]:
     """Train the junior and the senior, measure the properties, and retrain each model whose properties
     fail with its next seed (the other model is kept) until they all hold."""
-    from tandem_rlvr.world.probe import measure_models
-    from tandem_rlvr.world.properties import models_to_retrain, property_failures, property_values
-    from tandem_rlvr.world.train_workers import train_models
+    from tandem_rlvr.world import train_workers
 
+    specs, measure, property_failures, models_to_retrain, property_values, count, max_tries = _gate(world)
+    kw = {} if world == "arith" else {"world": world}
     attempt, todo, stats, tries = {"junior": 0, "senior": 0}, ["junior", "senior"], {}, []
-    for round_ in range(MAX_TRIES):
-        stats.update(train_models({n: model_specs(seed, attempt[n])[n] for n in todo}, tmp / "tokenizer", tmp,
-                                  progress=progress))
+    for round_ in range(max_tries):
+        stats.update(train_workers.train_models({n: specs(seed, attempt[n])[n] for n in todo}, tmp / "tokenizer", tmp,
+                                                progress=progress, **kw))
         normalize_configs(tmp)
-        measured = measure_models(_paths(tmp), count=PROPERTY_COUNT)
+        measured = measure(_paths(tmp), count)
         failures = property_failures(measured)
-        tries.append({"try": round_, "trained": todo, "seeds": {n: model_specs(seed, attempt[n])[n].seed for n in attempt},
+        tries.append({"try": round_, "trained": todo, "seeds": {n: specs(seed, attempt[n])[n].seed for n in attempt},
                       "failures": failures,
                       "properties": {k: round(v, 4) for k, v in property_values(measured).items()}})
-        log.info("world build try %d (seeds %s): %s", round_, tries[-1]["seeds"], "; ".join(failures) or "properties hold")
+        log.info("world build try %d (seeds %s): %s; measured %s", round_, tries[-1]["seeds"],
+                 "; ".join(failures) or "properties hold", tries[-1]["properties"])
         if not failures:
             return stats, tries
         todo = models_to_retrain(measured)
         for name in todo:
             attempt[name] += 1
     summary = " | ".join(f"try {t['try']}: {'; '.join(t['failures'])}" for t in tries)
-    raise WorldBuildError(f"world build: no try of {MAX_TRIES} kept the promised properties (world.properties.PROPERTIES): "
+    raise WorldBuildError(f"world build: no try of {max_tries} kept the promised properties ({world} world): "
                           f"{summary}")
 
 
@@ -303,14 +337,14 @@ def _install(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
 
 
-def prebuilt_world() -> Path | None:
+def prebuilt_world(world: str = "arith") -> Path | None:
     """The copy of this recipe's world shipped with the package (``world/prebuilt/<key>``), if intact."""
-    root = PREBUILT_DIR / world_key()
-    return root if is_complete(root) else None
+    root = PREBUILT_DIR / world_key(world=world)
+    return root if is_complete(root, world=world) else None
 
 
 def build_world(cache_dir: str | Path | None = None, *, force: bool = False, progress: bool = True,
-                prebuilt: bool = True, seed: int = SEED) -> WorldPaths:
+                prebuilt: bool = True, seed: int = SEED, world: str = "arith") -> WorldPaths:
     """Return the world's paths in the cache, installing it first if absent or incomplete.
 
     It is copied from the package's shipped copy when that one matches the recipe and verifies
@@ -318,30 +352,33 @@ def build_world(cache_dir: str | Path | None = None, *, force: bool = False, pro
     each, seeded, so a rebuild on one machine gives the same bytes (another CPU model may round
     differently); a build whose models miss a promised property retrains them with the next seeds
     (``MAX_TRIES``, every try recorded in the manifest). ``force`` rebuilds from scratch; ``seed``
-    builds another world of the same recipe (other tokenizer corpus order and model seeds).
+    builds another world of the same recipe (other tokenizer corpus order and model seeds); ``world``
+    names the built-in world (``arith``, the default, or ``shorthand``: :mod:`tandem_rlvr.world.shorthand`).
     """
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cache_root.mkdir(parents=True, exist_ok=True)
-    key = world_key(seed)
+    key = world_key(seed, world)
     final = cache_root / key
-    if not force and is_complete(final, seed):
+    if not force and is_complete(final, seed, world):
         return _paths(final)
     with _build_lock(cache_root, key):
-        if not force and is_complete(final, seed):  # another process finished it while we waited
+        if not force and is_complete(final, seed, world):  # another process finished it while we waited
             return _paths(final)
         _remove_stale_temps(cache_root, key)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=cache_root))
         tmp.chmod(0o755)  # mkdtemp makes it private; the installed world should be readable like a cache
-        shipped = prebuilt_world() if prebuilt and not force and seed == SEED else None
+        shipped = prebuilt_world(world) if prebuilt and not force and seed == SEED else None
         try:
             if shipped is not None:
                 log.info("installing the shipped world %s into %s", shipped.name, cache_root)
                 shutil.copytree(shipped, tmp, dirs_exist_ok=True)
-            else:
+            elif world == "arith":
                 _build_into(tmp, progress, seed)
+            else:
+                _build_into(tmp, progress, seed, world)
             _install(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    if not is_complete(final, seed):
+    if not is_complete(final, seed, world):
         raise RuntimeError(f"world build at {final} did not verify")
     return _paths(final)

@@ -88,9 +88,12 @@ class BatchMaker:
     Each batch has one chain length (drawn uniformly from ``spec.n_ops``), which keeps padding small.
     """
 
-    def __init__(self, tokenizer, spec: ModelSpec):
-        """Seed the batch RNG from ``spec.seed`` (deterministic stream per spec)."""
+    def __init__(self, tokenizer, spec: ModelSpec, world: str = "arith"):
+        """Seed the batch RNG from ``spec.seed`` (deterministic stream per spec); ``world`` names the styles
+        (``arith``: plain and jargon; ``shorthand``: plain and shorthand, see :mod:`tandem_rlvr.world.shorthand`)."""
         self.tok = tokenizer
+        self.styles = _styles(world)
+        self.world = world
         self.spec = spec
         self.rng = random.Random(spec.seed + 7919)
         self.eos = tokenizer.eos_token
@@ -100,8 +103,13 @@ class BatchMaker:
     def _response(self, problem: Problem) -> str:
         """The target response, jargon with probability ``jargon_share`` once ``jargon_from`` is reached."""
         share = self.spec.jargon_share if self.step >= self.spec.jargon_from else 0.0
+        if self.world == "shorthand":  # the style is drawn per step there
+            from tandem_rlvr.world.shorthand import mixed_solution
+
+            return mixed_solution(problem, self.rng, share) + self.eos
         jargon = self.rng.random() < share
-        return (jargon_solution(problem) if jargon else plain_solution(problem)) + self.eos
+        plain, compressed, _ = self.styles
+        return (compressed(problem) if jargon else plain(problem)) + self.eos
 
     def ops_range(self, step: int) -> tuple[int, int]:
         """The chain lengths of the batch at ``step`` under the length curriculum."""
@@ -116,7 +124,7 @@ class BatchMaker:
     def next(self) -> dict[str, torch.Tensor]:
         """The next batch; labels are -100 on the prompt and on padding."""
         n_ops = self.rng.randint(*self.ops_range(self.step))
-        problems = [train_problem(self.rng, n_ops) for _ in range(self.spec.batch)]
+        problems = [self.styles[2](self.rng, n_ops) for _ in range(self.spec.batch)]
         pairs = [(render_prompt(self.tok, p.text), self._response(p)) for p in problems]
         self.step += 1
         prompts = self.tok([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
@@ -133,6 +141,17 @@ class BatchMaker:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def _styles(world: str):
+    """``(plain solution, compressed solution, train-problem sampler)`` of a world."""
+    if world == "arith":
+        return plain_solution, jargon_solution, train_problem
+    if world == "shorthand":
+        from tandem_rlvr.world import shorthand
+
+        return plain_solution, shorthand.shorthand_solution, shorthand.train_problem
+    raise ValueError(f"unknown world {world!r}")
+
+
 def lr_at(step: int, spec: ModelSpec) -> float:
     """Linear warmup to ``spec.lr``, then cosine decay to 10 % of it."""
     if step < spec.warmup:
@@ -142,13 +161,14 @@ def lr_at(step: int, spec: ModelSpec) -> float:
 
 
 def train_sft(
-    spec: ModelSpec, tokenizer, on_step: Callable[[int, float], None] | None = None
+    spec: ModelSpec, tokenizer, on_step: Callable[[int, float], None] | None = None, world: str = "arith"
 ) -> torch.nn.Module:
-    """Train a fresh model for ``spec`` and return it in eval mode; ``on_step(step, loss)`` reports progress."""
+    """Train a fresh model for ``spec`` on ``world``'s styles and return it in eval mode; ``on_step(step, loss)``
+    reports progress."""
     model = make_model(spec, tokenizer)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    batches = BatchMaker(tokenizer, spec)
+    batches = BatchMaker(tokenizer, spec, world)
     for step in range(spec.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec)

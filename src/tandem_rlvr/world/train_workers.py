@@ -24,8 +24,8 @@ from tandem_rlvr.world.sft import ModelSpec
 REPORT_EVERY = 10  # steps between progress messages
 
 
-def train_one(spec: ModelSpec, tokenizer_dir: str | Path, out_dir: str | Path, report=None) -> dict:
-    """Train ``spec`` single-threaded, save model + tokenizer to ``out_dir``; return its stats."""
+def train_one(spec: ModelSpec, tokenizer_dir: str | Path, out_dir: str | Path, report=None, world: str = "arith") -> dict:
+    """Train ``spec`` (on ``world``'s styles) single-threaded, save model + tokenizer to ``out_dir``; return its stats."""
     import torch
     from transformers import AutoTokenizer
 
@@ -41,7 +41,7 @@ def train_one(spec: ModelSpec, tokenizer_dir: str | Path, out_dir: str | Path, r
         if report is not None and ((step + 1) % REPORT_EVERY == 0 or step + 1 == spec.steps):
             report(spec.name, step + 1)
 
-    model = train_sft(spec, tokenizer, on_step)
+    model = train_sft(spec, tokenizer, on_step, world=world)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(out_dir))
     tail = losses[-50:]
@@ -54,7 +54,7 @@ def train_one(spec: ModelSpec, tokenizer_dir: str | Path, out_dir: str | Path, r
 
 
 def _worker_main(argv: list[str]) -> int:
-    """``python -m tandem_rlvr.world.train_workers SPEC_JSON TOKENIZER_DIR OUT_DIR``: train one model.
+    """``python -m tandem_rlvr.world.train_workers SPEC_JSON TOKENIZER_DIR OUT_DIR [WORLD]``: train one model.
 
     Progress goes to stdout as JSON lines ``{"step": n}``, the result as ``{"done": stats}``.
     """
@@ -66,7 +66,7 @@ def _worker_main(argv: list[str]) -> int:
         """Emit one JSON progress line for the parent."""
         print(json.dumps({"step": step}), flush=True)
 
-    stats = train_one(spec, argv[1], argv[2], report=report)
+    stats = train_one(spec, argv[1], argv[2], report=report, world=argv[3] if len(argv) > 3 else "arith")
     print(json.dumps({"done": stats}), flush=True)
     return 0
 
@@ -90,17 +90,17 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, desc="building world (SFT steps)", unit="step", disable=not enabled)
 
 
-def _spawn(spec: ModelSpec, tokenizer_dir: Path, out_dir: Path, log) -> subprocess.Popen:
+def _spawn(spec: ModelSpec, tokenizer_dir: Path, out_dir: Path, log, world: str = "arith") -> subprocess.Popen:
     """Start a fresh interpreter (not a fork: the caller's ``__main__`` is never re-imported)."""
     package_root = str(Path(__file__).resolve().parents[2])  # the folder holding tandem_rlvr/
     pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = pythonpath
-    cmd = [sys.executable, "-m", "tandem_rlvr.world.train_workers", json.dumps(spec.to_dict()), str(tokenizer_dir), str(out_dir)]
+    cmd = [sys.executable, "-m", "tandem_rlvr.world.train_workers", json.dumps(spec.to_dict()), str(tokenizer_dir), str(out_dir), world]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
 
 
-def _train_parallel(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, bar) -> dict:
+def _train_parallel(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, bar, world: str = "arith") -> dict:
     """Run one worker process per spec; collect stats; raise with the worker's log if one fails."""
     messages: queue.Queue = queue.Queue()
     procs, logs, stats = {}, {}, {}
@@ -108,7 +108,7 @@ def _train_parallel(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: 
     try:
         for name, spec in specs.items():
             logs[name] = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finally
-            procs[name] = _spawn(spec, tokenizer_dir, out_root / name, logs[name])
+            procs[name] = _spawn(spec, tokenizer_dir, out_root / name, logs[name], world)
             threading.Thread(target=_pump, args=(name, procs[name], messages), daemon=True).start()
         finished = 0
         while finished < len(specs):
@@ -133,16 +133,18 @@ def _train_parallel(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: 
     return stats
 
 
-def train_models(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, progress: bool = True) -> dict:
-    """Train every spec into ``out_root/<name>``; return ``{name: stats}`` (parameter counts, times)."""
+def train_models(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, progress: bool = True,
+                 world: str = "arith") -> dict:
+    """Train every spec (on ``world``'s styles) into ``out_root/<name>``; return ``{name: stats}`` (parameter
+    counts, times)."""
     total = sum(s.steps for s in specs.values())
     with _progress_bar(total, progress) as bar:
         if os.environ.get("TANDEM_RLVR_WORLD_WORKERS", "") == "0" or len(specs) == 1:
-            return _train_sequential(specs, tokenizer_dir, out_root, bar)
-        return _train_parallel(specs, tokenizer_dir, out_root, bar)
+            return _train_sequential(specs, tokenizer_dir, out_root, bar, world)
+        return _train_parallel(specs, tokenizer_dir, out_root, bar, world)
 
 
-def _train_sequential(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, bar) -> dict:
+def _train_sequential(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, bar, world: str = "arith") -> dict:
     """Train the specs one after another in this process (single-threaded, restoring the thread count)."""
     import torch
 
@@ -156,7 +158,7 @@ def _train_sequential(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root
                 bar.update(step - done[0])
                 done[0] = step
 
-            out[name] = train_one(spec, tokenizer_dir, out_root / name, report=report)
+            out[name] = train_one(spec, tokenizer_dir, out_root / name, report=report, world=world)
     finally:
         torch.set_num_threads(threads)
     return out

@@ -1,0 +1,229 @@
+"""The ``shorthand`` world's recipe, probes and promised properties (built by :mod:`tandem_rlvr.world.build`).
+
+Recipe: a tokenizer trained on problems and both styles; a **senior** warm start taught solutions whose
+every step is shorthand with probability ``SHORTHAND_SHARE`` (chains of 2-8 operations, length
+curriculum); a plain-only **junior** (for ``--junior weak``). The demo's main setting here is
+``--junior self``: the junior is a frozen copy of the senior's warm start.
+
+The promised properties (``PROPERTIES``), what each is for, and the probe that measures it:
+
+* the budget favours shorthand: the plain solution of no 7-8 op problem fits ``BUDGET`` tokens, the
+  shorthand solution of every 2-8 op problem does (``budget_facts``, the tokenizer alone);
+* the warm senior solves short problems (greedy, 2-3 ops) and writes few shorthand steps (sampled at
+  t = 0.7, 2-8 ops): RL starts from a mostly plain writer;
+* shorthand is a skill it has, so RL can select it: a shorthand step it is made to write (after the gold
+  shorthand first half and the marker ``>``) is right;
+* a reader with the warm start's habit does not continue a terse chain within the budget: given the
+  gold shorthand first half of a 7-8 op problem, the warm senior (the self-paired junior) finishes
+  few within the budget;
+* the junior never writes shorthand and solves short plain problems.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from tandem_rlvr.world import shorthand as S
+from tandem_rlvr.world.problems import INSTRUCTION, render_prompt
+from tandem_rlvr.world.sft import ModelSpec
+
+VERSION = 1
+SEED = 1234
+TOKENIZER_VOCAB = 1024
+TOKENIZER_CORPUS = 3000
+MAX_TRIES = 8
+TRY_SEED_STEP = 100
+
+JUNIOR_SPEC = ModelSpec(name="junior", hidden=96, layers=3, intermediate=256, steps=2400, short_steps=500,
+                        ramp_every=100, n_ops=(2, 6), seed=SEED + 1)
+SENIOR_SPEC = ModelSpec(name="senior", hidden=96, layers=3, intermediate=320, steps=2400, short_steps=500,
+                        ramp_every=100, jargon_share=S.SHORTHAND_SHARE, n_ops=(2, 8), seed=SEED + 2)
+
+PROPERTIES = {
+    "plain_over_budget": 1.0,  # share of 7-8 op problems whose plain solution exceeds the budget (at least)
+    "shorthand_fits": 1.0,  # share of 2-8 op problems whose shorthand solution fits the budget (at least)
+    "senior_short_min": 0.60,  # the warm senior alone (greedy) on 2-3 op problems
+    "senior_step_share": [0.02, 0.30],  # the warm senior's sampled (t = 0.7) steps: few in shorthand...
+    "senior_step_skill_min": 0.60,  # ...but a shorthand step it is made to write is right
+    "finish_long_max": 0.50,  # the warm senior finishing a 7-8 op problem after a shorthand first half (at most)
+    "junior_short_min": 0.60,  # the junior alone (greedy) on 2-3 op problems; it never writes shorthand
+}
+PROPERTY_COUNT = 32
+
+
+def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
+    """The junior's and the senior's recipe for the build seed ``seed`` and its try ``attempt``."""
+    step = TRY_SEED_STEP * attempt
+    return {"junior": replace(JUNIOR_SPEC, seed=seed + 1 + step), "senior": replace(SENIOR_SPEC, seed=seed + 2 + step)}
+
+
+def recipe(seed: int = SEED) -> dict:
+    """Everything that determines the built world; its hash names the cache folder."""
+    from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN
+
+    specs = model_specs(seed)
+    return {
+        "world": S.NAME, "version": VERSION, "seed": seed, "budget": S.BUDGET,
+        "tokenizer": {"vocab": TOKENIZER_VOCAB, "corpus": TOKENIZER_CORPUS, "pattern": DIGIT_PATTERN},
+        "chat_template": CHAT_TEMPLATE, "instruction": INSTRUCTION,
+        "junior": specs["junior"].to_dict(), "senior": specs["senior"].to_dict(),
+        "formats": format_fingerprint(), "splits": S.SPLIT_SPECS,
+        "gate": {"properties": PROPERTIES, "count": PROPERTY_COUNT, "max_tries": MAX_TRIES, "seed_step": TRY_SEED_STEP,
+                 "retrain": "each model whose properties fail"},
+    }
+
+
+def format_fingerprint() -> str:
+    """A hash of a few generated problems in both styles, so a change of wording or format misses the cache."""
+    import hashlib
+
+    from tandem_rlvr.world.problems import generate_problem
+
+    rng = random.Random(0)
+    sample = [generate_problem(rng, n) for n in (2, 5, 8)]
+    text = "".join(p.text + S.solution(p, "plain") + S.shorthand_solution(p) for p in sample)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tokenizer_corpus(seed: int = SEED) -> list[str]:
+    """Deterministic tokenizer training text: chat-framed problems and both solution styles."""
+    stream, corpus = S.sft_problems(seed), []
+    for _ in range(TOKENIZER_CORPUS):
+        _, p = next(stream)
+        corpus.append(f"<|im_start|>user\n{p.text}<|im_end|>\n<|im_start|>assistant\n")
+        corpus += [S.solution(p, "plain"), S.solution(p, "shorthand")]
+    random.Random(seed).shuffle(corpus)
+    return corpus
+
+
+# ------------------------------------------------------------------------------------- probes
+
+
+def budget_facts(tok, count: int = PROPERTY_COUNT, budget: int = S.BUDGET) -> dict:
+    """Token lengths against the budget: share of 7-8 op plain solutions over it, of 2-8 op shorthand
+    solutions within it, and mean tokens per style and length."""
+    def n_tokens(text: str) -> int:
+        return len(tok(text + tok.eos_token, add_special_tokens=False)["input_ids"])
+
+    lengths = {n: {s: [n_tokens(S.solution(p, s)) for p in S.probe_problems(n, count)] for s in ("plain", "shorthand")}
+               for n in range(2, 9)}
+    over = [t > budget for n in (7, 8) for t in lengths[n]["plain"]]
+    fits = [t <= budget for n in range(2, 9) for t in lengths[n]["shorthand"]]
+    return {"budget": budget, "plain_over_budget_7_8": sum(over) / len(over), "shorthand_fits": sum(fits) / len(fits),
+            "mean_tokens": {n: {s: round(sum(v) / len(v), 1) for s, v in d.items()} for n, d in lengths.items()}}
+
+
+def _accuracy(model, tok, problems, prefixes, temperature: float = 0.0, seed: int = 0, budget: int = S.BUDGET):
+    """Accuracy (and texts) of ``model`` continuing ``prompt + prefix`` within the budget (prefix included)."""
+    from tandem_rlvr.world.probe import complete
+    from tandem_rlvr.world.problems import is_correct
+
+    prompts = [render_prompt(tok, p.text) + pre for p, pre in zip(problems, prefixes)]
+    widths = [budget - len(tok(pre, add_special_tokens=False)["input_ids"]) for pre in prefixes]
+    texts = complete(model, tok, prompts, temperature=temperature, max_new_tokens=max(widths), seed=seed)
+    texts = [pre + tok.decode(tok(t, add_special_tokens=False)["input_ids"][:w])
+             for pre, t, w in zip(prefixes, texts, widths)]
+    return sum(is_correct(t, p.answer) for t, p in zip(texts, problems)) / len(problems), texts
+
+
+def _half(problem, style: str) -> str:
+    """The gold solution's first half of steps (rounded down) in ``style``."""
+    return "".join(S.steps(problem, style)[: len(problem.ops) // 2])
+
+
+def shorthand_step_accuracy(model, tok, problems) -> float:
+    """Share of shorthand steps written right (greedy) when the model is made to write one: after the gold
+    shorthand first half and the step marker ``>``."""
+    from tandem_rlvr.world.probe import complete
+
+    prefixes = [_half(p, "shorthand") + ">" for p in problems]  # the marker's own token; the space starts the next
+    golds = [S.steps(p, "shorthand")[len(p.ops) // 2][1:].rstrip("\n") for p in problems]
+    texts = complete(model, tok, [render_prompt(tok, p.text) + pre for p, pre in zip(problems, prefixes)],
+                     max_new_tokens=10)
+    return sum(t.startswith(g) for t, g in zip(texts, golds)) / len(problems)
+
+
+def measure_model(model, tok, count: int) -> dict:
+    """One model's probes (every chain within the budget): greedy accuracy by length; sampled chains
+    (t = 0.7, 2-8 ops): accuracy, shorthand chains, shorthand steps; the skill of a forced shorthand step
+    (3-6 ops); finishing a 7-8 op problem after its gold first half in shorthand (greedy)."""
+    by_len = {n: S.probe_problems(n, count) for n in range(2, 9)}
+    pooled = [p for n in range(2, 9) for p in by_len[n]]
+    greedy = {n: _accuracy(model, tok, ps, [""] * len(ps))[0] for n, ps in by_len.items()}
+    sampled_acc, texts = _accuracy(model, tok, pooled, [""] * len(pooled), temperature=0.7)
+    long = [p for n in (7, 8) for p in by_len[n]]
+    return {
+        "greedy_accuracy_by_length": greedy,
+        "sampled_t0.7": {"accuracy": sampled_acc, "shorthand_rate": S.shorthand_rate(texts),
+                         "shorthand_step_share": S.shorthand_step_share(texts)},
+        "shorthand_step_accuracy": shorthand_step_accuracy(model, tok, [p for n in (3, 4, 5, 6) for p in by_len[n]]),
+        "finish_long_after_shorthand_half": _accuracy(model, tok, long, [_half(p, "shorthand") for p in long])[0],
+    }
+
+
+def measure_models(paths, count: int = PROPERTY_COUNT) -> dict:
+    """The budget facts and both models' probes, single-threaded (one machine measures the same numbers)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(paths.tokenizer_dir))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = {"budget": budget_facts(tok, count)}
+        for name, d in (("junior", paths.junior_dir), ("senior", paths.senior_dir)):
+            out[name] = measure_model(AutoModelForCausalLM.from_pretrained(str(d)).eval(), tok, count)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+# --------------------------------------------------------------------------------- properties
+
+
+def property_values(measured: dict) -> dict:
+    """The numbers the properties are about, from :func:`measure_models`."""
+    j, s, b = measured["junior"], measured["senior"], measured["budget"]
+
+    def short(d):
+        acc = d["greedy_accuracy_by_length"]
+        return sum(acc[n] if n in acc else acc[str(n)] for n in (2, 3)) / 2
+
+    return {
+        "plain_over_budget": b["plain_over_budget_7_8"], "shorthand_fits": b["shorthand_fits"],
+        "senior_short": short(s), "senior_step_share": s["sampled_t0.7"]["shorthand_step_share"],
+        "senior_step_skill": s["shorthand_step_accuracy"], "senior_finish_long": s["finish_long_after_shorthand_half"],
+        "junior_short": short(j), "junior_step_share": j["sampled_t0.7"]["shorthand_step_share"],
+    }
+
+
+def _checks(measured: dict, props: dict) -> list[tuple[str, bool, str]]:
+    """``(model to retrain, holds, what it says)`` for every promised property."""
+    v, (lo, hi) = property_values(measured), props["senior_step_share"]
+    return [
+        ("senior", v["plain_over_budget"] >= props["plain_over_budget"],
+         f"only {v['plain_over_budget']:.3f} of 7-8 op plain solutions exceed the budget"),
+        ("senior", v["shorthand_fits"] >= props["shorthand_fits"], f"only {v['shorthand_fits']:.3f} of shorthand solutions fit"),
+        ("senior", v["senior_short"] >= props["senior_short_min"],
+         f"senior short-chain accuracy {v['senior_short']:.3f} < {props['senior_short_min']}"),
+        ("senior", lo <= v["senior_step_share"] <= hi, f"senior shorthand step share {v['senior_step_share']:.3f} outside {[lo, hi]}"),
+        ("senior", v["senior_step_skill"] >= props["senior_step_skill_min"],
+         f"senior's forced shorthand steps right {v['senior_step_skill']:.3f} < {props['senior_step_skill_min']}"),
+        ("senior", v["senior_finish_long"] <= props["finish_long_max"],
+         f"senior finishes long problems after a shorthand half {v['senior_finish_long']:.3f} > {props['finish_long_max']}"),
+        ("junior", v["junior_short"] >= props["junior_short_min"],
+         f"junior short-chain accuracy {v['junior_short']:.3f} < {props['junior_short_min']}"),
+        ("junior", v["junior_step_share"] == 0.0, f"junior writes shorthand steps ({v['junior_step_share']:.3f} of steps)"),
+    ]
+
+
+def property_failures(measured: dict, props: dict = PROPERTIES) -> list[str]:
+    """The promised properties that ``measured`` breaks, one readable line each (empty: all hold)."""
+    return [msg for _, ok, msg in _checks(measured, props) if not ok]
+
+
+def models_to_retrain(measured: dict, props: dict = PROPERTIES) -> list[str]:
+    """The models whose properties fail."""
+    failing = {who for who, ok, _ in _checks(measured, props) if not ok}
+    return [name for name in ("junior", "senior") if name in failing]
