@@ -29,7 +29,8 @@ REWARD = {"reward": "rewards_for_tests:length_reward"}
 
 
 def _env(**extra):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **extra)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
+               PYTHONFAULTHANDLER="1", **extra)  # an abort prints every thread's Python stack
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     return env
 

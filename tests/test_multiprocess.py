@@ -23,7 +23,8 @@ APPROX = ("train/ratio_mean", "train/clip_frac", "train/clip_frac_low", "train/c
 
 
 def _launch(cfg, n_proc, mixed_precision="no"):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONFAULTHANDLER="1")  # an abort prints every thread's Python stack
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     if n_proc == 1:
         cmd = [sys.executable, "-m", "tandem_rlvr", "train", str(cfg)]

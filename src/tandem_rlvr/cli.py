@@ -12,8 +12,16 @@ def _train(args: argparse.Namespace) -> int:
     from tandem_rlvr.config import load_config
     from tandem_rlvr.training.trainer import train
 
+    from tandem_rlvr.errors import Preempted
+    from tandem_rlvr.training.dist import close_process_group
+
     cfg = load_config(args.config, args.overrides)
-    final = train(cfg, restart=args.restart)
+    try:
+        final = train(cfg, restart=args.restart)
+    except Preempted:
+        close_process_group()  # every process passed the stop's barrier
+        raise
+    close_process_group()
     print(f"done: senior saved to {final}")
     return 0
 

@@ -85,3 +85,14 @@ def reduce_row(acc, row: dict) -> dict:
         else:
             out[key] = float(sum(vals) / len(vals))
     return out
+
+
+def close_process_group() -> None:
+    """Destroy the default process group, if any, before the interpreter exits: a gloo group left to
+    Python's finalization can abort the process ("terminate called without an active exception", rc -6)
+    after a run that finished. Called at the end of ``tandem-rlvr train`` (a finished run or a
+    preemption stop, when every process has passed the same barrier)."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
