@@ -12,7 +12,8 @@ import argparse
 import common as C
 
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.types import Sampling
 
 
 def main() -> None:

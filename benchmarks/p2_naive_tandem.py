@@ -27,7 +27,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.types import Sampling
 
 
 class _WordStart(StoppingCriteria):

@@ -41,7 +41,7 @@ class _Ex:
 
 
 def _batch(tok, B: int, T: int, V: int, seed: int = 0):
-    from tandem_rlvr.engines.rollout import Rollout
+    from tandem_rlvr.engines.types import Rollout
 
     g = torch.Generator().manual_seed(seed)
     p_ids, p_mask = C.prompts(tok, B, seed=seed)

@@ -16,7 +16,8 @@ import common as C
 import torch
 
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.types import Sampling
 
 
 def main() -> None:

@@ -45,7 +45,8 @@ def child(side: str, batch: int, tokens: int) -> dict:
 
     from tandem_rlvr.engines.handoff import make_schedule
     from tandem_rlvr.models import AdapterOff, freeze
-    from tandem_rlvr.engines.rollout import Sampling, generate
+    from tandem_rlvr.engines.rollout import generate
+    from tandem_rlvr.engines.types import Sampling
 
     tok = C.tokenizer()
     ids, mask = C.prompts(tok, batch)

@@ -21,7 +21,8 @@ import common as C
 
 from tandem_rlvr.engines import fastpath as R
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.types import Sampling
 
 JSON = C.HERE / "scaling.json"
 PNG = C.HERE / "scaling.png"

@@ -31,7 +31,8 @@ import torch  # noqa: E402
 
 from tandem_rlvr.engines.base import PromptBatch  # noqa: E402
 from tandem_rlvr.engines.handoff import make_schedule  # noqa: E402
-from tandem_rlvr.engines.rollout import Sampling, generate  # noqa: E402
+from tandem_rlvr.engines.rollout import generate  # noqa: E402
+from tandem_rlvr.engines.types import Sampling
 
 PROBLEMS = ["What is 17 times 23? Explain each step.", "A train travels 120 km in 1.5 hours. What is its speed?",
             "Write a short story about a robot learning to paint.", "Why is the sky blue? Answer in detail.",

@@ -15,7 +15,7 @@ S='ǁ'
 SCOPE=(
   "tandem_rlvr.training.core.x_masked_mean__mutmut_*"             # the loss: advantages, log-probs, KL, aggregation
   "tandem_rlvr.training.core.x_group_advantages__mutmut_*"
-  "tandem_rlvr.training.core.x_token_logps__mutmut_*"
+  "tandem_rlvr.engines.types.x_token_logps__mutmut_*"
   "tandem_rlvr.training.core.x_k3_kl__mutmut_*"
   "tandem_rlvr.training.core.x_aggregate__mutmut_*"
   "tandem_rlvr.training.core.x_policy_loss__mutmut_*"
@@ -40,8 +40,8 @@ SCOPE=(
   "tandem_rlvr.evaluation.metrics.x__correct_counts__mutmut_*"
   "tandem_rlvr.evaluation.metrics.x_mean_pass_at_k__mutmut_*"
   "tandem_rlvr.evaluation.metrics.x_pass_at_ks__mutmut_*"
-  "tandem_rlvr.evaluation.evaluate.x__pass_metrics__mutmut_*"       # pass@k and tax of an evaluation
-  "tandem_rlvr.evaluation.evaluate.x__tax__mutmut_*"
+  "tandem_rlvr.evaluation.evaluate.x_pass_metrics__mutmut_*"       # pass@k and tax of an evaluation
+  "tandem_rlvr.evaluation.evaluate.x_tax_metrics__mutmut_*"
   "tandem_rlvr.rewards.x${S}RewardScorer${S}_run_jobs__mutmut_*"  # the reward's time limit
   "tandem_rlvr.rewards.x${S}RewardScorer${S}_collect__mutmut_*"
   "tandem_rlvr.rewards.x${S}RewardScorer${S}_expire__mutmut_*"

@@ -14,7 +14,8 @@ from tandem_rlvr.engines.bridge import (
     senior_token_owner,
     tokenizers_differ,
 )
-from tandem_rlvr.engines.rollout import Sampling
+from tandem_rlvr.engines.handoff import Schedule
+from tandem_rlvr.engines.types import Sampling
 
 # A Qwen2-like split (newlines glued onto the punctuation before them, so ".\n\n" can be one token):
 # a vocabulary whose boundaries differ from the default byte-level split of the senior's.
@@ -47,10 +48,10 @@ def _prompts(tok):
             for p in PROBLEMS]
 
 
-def _run(sides, schedule="alternate", **kw):
+def _run(sides, schedule="alternate", p=0.5, **kw):
     senior, junior = sides
     sampling = kw.pop("sampling", Sampling(max_new_tokens=60, temperature=1.0))
-    return bridge_generate(senior, junior, _prompts(senior.tokenizer), _prompts(junior.tokenizer), schedule,
+    return bridge_generate(senior, junior, _prompts(senior.tokenizer), _prompts(junior.tokenizer), Schedule(schedule, p),
                            sampling, seed=kw.pop("seed", 3), **kw)
 
 

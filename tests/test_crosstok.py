@@ -14,7 +14,8 @@ from conftest import CORPUS, bias_token, make_tiny_model
 from tandem_rlvr.engines.bridge import bridge_generate, make_side
 from tandem_rlvr.evaluation.crosstok import NA, bridge_handoff, evaluate_any_pair
 from tandem_rlvr.evaluation.legibility import LN2, bits_per_byte
-from tandem_rlvr.engines.rollout import Sampling
+from tandem_rlvr.engines.handoff import Schedule
+from tandem_rlvr.engines.types import Sampling
 
 GLUE_NL = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -105,7 +106,7 @@ def test_bridged_step_handoff_is_the_training_bridge(models, tokenizer, junior_t
     multi = 0
     for seed in (0, 3):
         ours = bridge_handoff(senior, junior, sp, jp, sampling, seed=seed, max_rounds=6)
-        ref = bridge_generate(senior, junior, sp, jp, "alternate", sampling, seed=seed, max_rounds=6, score=False)
+        ref = bridge_generate(senior, junior, sp, jp, Schedule("alternate"), sampling, seed=seed, max_rounds=6, score=False)
         assert set(ours["stops"]) <= {"eos", "max_rounds"}, ours["stops"]
         assert ours["texts"] == ref.texts and ours["spans"] == ref.spans
         assert torch.equal(ours["rollout"].owner_BT, ref.rollout.owner_BT)
@@ -252,7 +253,7 @@ def _word_sides(models, tokenizer, junior_tokenizer):
 
 @pytest.mark.parametrize("p", [1.0, 0.0])
 def test_word_bridge_extremes_keep_one_author(models, tokenizer, junior_tokenizer, p):
-    from tandem_rlvr.evaluation.wordbridge import word_bridge
+    from tandem_rlvr.evaluation.crosstok import word_bridge
 
     sides = _word_sides(models, tokenizer, junior_tokenizer)
     sp = [_render(tokenizer, x.problem) for x in PROBLEMS]
@@ -263,56 +264,76 @@ def test_word_bridge_extremes_keep_one_author(models, tokenizer, junior_tokenize
 
 
 def test_word_bridge_hands_off_whole_words(models, tokenizer, junior_tokenizer):
-    from tandem_rlvr.evaluation.wordbridge import word_bridge
+    from tandem_rlvr.evaluation.crosstok import word_bridge
 
     sides = _word_sides(models, tokenizer, junior_tokenizer)
     sp = [_render(tokenizer, x.problem) for x in PROBLEMS]
     jp = [_render(junior_tokenizer, x.problem) for x in PROBLEMS]
-    out = word_bridge(*sides, sp, jp, Sampling(max_new_tokens=80, temperature=1.0), p=0.5, seed=4, max_rounds=12)
+    out = word_bridge(*sides, sp, jp, Sampling(max_new_tokens=80, temperature=1.0), p=0.5, seed=4)
     switches = 0
     for text, spans, rounds in zip(out["texts"], out["spans"], out["rollout"].rounds_B.tolist()):
         assert not spans or (spans[0][0] == 0 and spans[-1][1] == len(text))
         assert all(a[2] != b[2] and a[1] == b[0] for a, b in zip(spans, spans[1:])) and len(spans) <= rounds
         switches += max(0, len(spans) - 1)
     assert switches >= 4, f"the fixture must exercise several word handoffs, got {switches}"
-    again = word_bridge(*sides, sp, jp, Sampling(max_new_tokens=80, temperature=1.0), p=0.5, seed=4, max_rounds=12)
+    again = word_bridge(*sides, sp, jp, Sampling(max_new_tokens=80, temperature=1.0), p=0.5, seed=4)
     assert again["texts"] == out["texts"] and again["spans"] == out["spans"]
 
 
-def test_a_word_turn_ends_before_the_token_that_starts_the_next_word(models, tokenizer, junior_tokenizer):
-    """A coin that always hands over: the turn is the tokens before the first word-start token after the first."""
-    from tandem_rlvr.engines.handoff import CoinStream as SeededCoins
-    from tandem_rlvr.engines.handoff import token_table
-    from tandem_rlvr.evaluation.wordbridge import _decode_words
+def _word_turns(side, tokenizer, p: float, max_gap: int, first_author: bool, n_tokens: int = 30):
+    """One turn of ``side`` per problem under the ``word`` schedule (coins of P(senior) = ``p``)."""
+    from tandem_rlvr.engines.handoff import CoinStream, SequenceSchedule
+    from tandem_rlvr.engines.turns import decode_turn
 
-    side = _word_sides(models, tokenizer, junior_tokenizer)[0]
-    starts = token_table(tokenizer, side.model.get_output_embeddings().weight.shape[0]).boundary_V
+    sched = Schedule("word", p=p, max_gap=max_gap)
+    coins = CoinStream(len(PROBLEMS), p, 0)
+    scheds = [SequenceSchedule(sched, coins, b, first_author=first_author) for b in range(len(PROBLEMS))]
     seqs = [tokenizer(_render(tokenizer, x.problem), add_special_tokens=False)["input_ids"] for x in PROBLEMS]
-    sampling = Sampling(max_new_tokens=30, temperature=1.0)
-    free = _decode_words(side, starts, seqs, [30] * 4, [0, 1, 2, 3], True, SeededCoins(4, 1.0, 0), [0] * 4,
-                         sampling, torch.Generator().manual_seed(9))
-    cut = _decode_words(side, starts, seqs, [30] * 4, [0, 1, 2, 3], True, SeededCoins(4, 0.0, 0), [0] * 4,
-                        sampling, torch.Generator().manual_seed(9))
-    for f, c in zip(free, cut):
-        assert not f.step_end
-        later = [i for i in range(1, len(f.ids)) if bool(starts[f.ids[i]])]
-        if later and not f.ids[:later[0]][-1:] == [tokenizer.eos_token_id]:
-            assert c.step_end and c.ids == f.ids[:later[0]], (f.ids, c.ids)
-        else:
+    sampling = Sampling(max_new_tokens=n_tokens, temperature=1.0)
+    return decode_turn(side, seqs, [n_tokens] * len(PROBLEMS), sampling, torch.Generator().manual_seed(9), scheds), scheds
+
+
+@pytest.mark.parametrize("max_gap", [32, 3])
+def test_a_word_turn_ends_after_the_token_where_the_coin_hands_over(models, tokenizer, junior_tokenizer, max_gap):
+    """The coin falls after a word-start token (kept by its writer) or after K = ``max_gap`` tokens without one:
+    a coin that always hands over ends the turn right there; one that never does lets it run to its cap."""
+    side = _word_sides(models, tokenizer, junior_tokenizer)[0]
+    starts = side.table.boundary_V
+    free, kept = _word_turns(side, tokenizer, 1.0, max_gap, True)
+    cut, moved = _word_turns(side, tokenizer, 0.0, max_gap, True)
+    checked = 0
+    for f, c, s_free, s_cut in zip(free, cut, kept, moved):
+        assert not f.ended and s_free.author and s_free.rounds == 1
+        first = next((i for i, t in enumerate(f.ids) if bool(starts[t]) or i + 1 >= max_gap), None)
+        if first is None or tokenizer.eos_token_id in f.ids[:first + 1]:
             assert c.ids == f.ids
+            continue
+        assert c.ended and c.ids == f.ids[:first + 1], (f.ids, c.ids)
+        assert not s_cut.author and s_cut.rounds == 2
+        checked += 1
+    assert checked >= 2, "the fixture must exercise coins"
 
 
-def test_a_handed_over_turn_starts_a_new_word(models, tokenizer, junior_tokenizer):
-    from tandem_rlvr.engines.handoff import CoinStream as SeededCoins
-    from tandem_rlvr.evaluation.wordbridge import _decode_words, word_starts
+def test_word_bridge_follows_the_same_tokenizer_rule(models, tokenizer):
+    """Identical tokenizers routed through the cross-tokenizer path: the owners of the emitted tokens are
+    those the lockstep rule (:func:`tandem_rlvr.engines.handoff.simulate`) gives that token stream with the
+    same seed: same coins, same owners, coin after the word-start token, K cap, no turn limit."""
+    from tandem_rlvr.engines.handoff import make_schedule, simulate
+    from tandem_rlvr.evaluation.crosstok import word_bridge
 
-    side = _word_sides(models, tokenizer, junior_tokenizer)[1]
-    starts = word_starts(side)
-    assert word_starts(side) is starts, "computed once per side"
-    seqs = [junior_tokenizer(_render(junior_tokenizer, x.problem) + "So", add_special_tokens=False)["input_ids"]
-            for x in PROBLEMS] * 3
-    turns = _decode_words(side, starts, seqs, [3] * 12, list(range(12)), False, SeededCoins(12, 0.0, 0), [0] * 12,
-                          Sampling(max_new_tokens=3, temperature=1.0), torch.Generator().manual_seed(1),
-                          new_word=[True] * 6 + [False] * 6)
-    assert all(bool(starts[t.ids[0]]) for t in turns[:6])
-    assert not all(bool(starts[t.ids[0]]) for t in turns[6:]), "unconstrained first tokens need not start a word"
+    senior = make_side(models[0], tokenizer, [tokenizer.eos_token_id])
+    junior = make_side(make_tiny_model(len(tokenizer), 2, 32), tokenizer, [tokenizer.eos_token_id])  # another model, same tokenizer
+    prompts = [_render(tokenizer, x.problem) for x in PROBLEMS]
+    switches = 0
+    for seed, max_gap in ((4, 32), (5, 32), (6, 4)):
+        out = word_bridge(senior, junior, prompts, prompts, Sampling(max_new_tokens=60, temperature=1.0), p=0.5,
+                          seed=seed, max_gap=max_gap)
+        rows = [[t for _, ids in c.turns for t in ids] for c in out["chains"]]
+        owners = [[int(a) for a, ids in c.turns for _ in ids] for c in out["chains"]]
+        T = max(len(r) for r in rows)
+        ids_BT = torch.tensor([r + [tokenizer.pad_token_id] * (T - len(r)) for r in rows])
+        want, _ = simulate(make_schedule("word", tokenizer, p=0.5, max_gap=max_gap), ids_BT, seed=seed)
+        for b, own in enumerate(owners):
+            assert own == want[b, :len(own)].tolist(), (seed, b)
+            switches += sum(x != y for x, y in zip(own, own[1:]))
+    assert switches >= 6, f"the fixture must exercise several word handoffs, got {switches}"

@@ -17,7 +17,7 @@ from tandem_rlvr.engines.inprocess import InProcessEngine
 from tandem_rlvr.engines.serving import BRIDGE, IN_PROCESS, VLLM, VLLM_SOLO
 from tandem_rlvr.errors import BridgeError, EngineError
 from tandem_rlvr.engines.handoff import SCHEDULES, make_schedule
-from tandem_rlvr.engines.rollout import Sampling
+from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.engines.vllm_backend import VLLMEngine
 from tandem_rlvr.engines.vllm_dual import DualVLLMEngine
 

@@ -28,10 +28,11 @@ from tandem_rlvr.evaluation.evaluate import (
 )
 from tandem_rlvr.evaluation.validation import validate
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
 
 
 # ---------------------------------------------------------------------------------------------------
+from tandem_rlvr.engines.types import Sampling
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------------
 

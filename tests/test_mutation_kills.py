@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tandem_rlvr.evaluation.evaluate import _ModeResult, _pass_metrics, _tax
+from tandem_rlvr.evaluation.evaluate import ModeResult, pass_metrics, tax_metrics
 from tandem_rlvr.engines.handoff import make_schedule, simulate
 from tandem_rlvr.evaluation.metrics import mean_pass_at_k, pass_at_k, pass_at_ks
 
@@ -16,22 +16,22 @@ def _mean(xs):
 
 
 def test_tax_is_signed_percentage_points_of_solo_minus_handoff():
-    solo = _ModeResult(rewards=[[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
-    hand = _ModeResult(rewards=[[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0]])
+    solo = ModeResult(rewards=[[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    hand = ModeResult(rewards=[[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0]])
     d = [0.75 - 0.25, 0.25 - 0.0, 1.0 - 0.5]
     se = math.sqrt(sum((x - _mean(d)) ** 2 for x in d) / 2 / 3)
-    t = _tax(solo, hand)
+    t = tax_metrics(solo, hand)
     assert t["communication_tax"] == pytest.approx(100 * _mean(d))  # 33.3 points
     assert t["communication_tax_se"] == pytest.approx(100 * se)
-    back = _tax(hand, solo)  # a handoff that helps is a negative tax
+    back = tax_metrics(hand, solo)  # a handoff that helps is a negative tax
     assert back["communication_tax"] == pytest.approx(-100 * _mean(d))
     assert back["communication_tax_se"] == pytest.approx(100 * se)
 
 
 def test_pass_metrics_of_a_mode():
-    res = _ModeResult(rewards=[[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]], n_tokens=[3, 5, 7, 9, 11, 13, 2, 4],
+    res = ModeResult(rewards=[[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]], n_tokens=[3, 5, 7, 9, 11, 13, 2, 4],
                       finished=[True, False, True, True, False, True, True, True])
-    m = _pass_metrics("solo", res, (1, 2, 8))
+    m = pass_metrics("solo", res, (1, 2, 8))
     assert set(m) == {"solo_pass@1", "solo_pass@2", "solo_pass@1_se", "solo_len", "solo_finished"}
     assert m["solo_pass@1"] == pytest.approx((0.25 + 0.75) / 2)
     assert m["solo_pass@2"] == pytest.approx((pass_at_k(4, 1, 2) + pass_at_k(4, 3, 2)) / 2)
@@ -239,11 +239,11 @@ def test_update_forwards_respect_the_micro_batch_and_reuse_recorded_junior_logps
     """Every teacher-forced forward of the update (old log-probs, the junior's) runs on at most
     algo.micro_batch rows; the junior runs only where the rollout did not record its log-probs (kl_reg's
     solo rollouts), never again for a tandem rollout that did."""
-    from tandem_rlvr.training import arms
+    from tandem_rlvr.engines import scoring
 
     calls, seen = [], []
-    real = arms._forward_logps
-    monkeypatch.setattr(arms, "_forward_logps", lambda m, ro, rows, t: calls.append((m, len(rows))) or real(m, ro, rows, t))
+    real = scoring._forward_logps
+    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t: calls.append((m, len(rows))) or real(m, ro, rows, t))
     _one_step(tmp_path, tokenizer, trainer_parts, f"algo.arm={arm}", f"algo.kl_beta={beta}", "algo.micro_batch=6",
               spy=seen.append)
     tr = seen[0]

@@ -12,7 +12,7 @@ from tandem_rlvr.errors import TandemError
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.models import Pair, freeze
 from tandem_rlvr.training.ownership import FALSE_ALARM, check_ownership, coin_tolerance, row_disagreements
-from tandem_rlvr.engines.rollout import Rollout
+from tandem_rlvr.engines.types import Rollout
 from tandem_rlvr.training.trainer import Trainer
 from conftest import make_tiny_model
 from test_trainer import EXAMPLES, length_reward

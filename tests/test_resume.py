@@ -127,7 +127,7 @@ def test_a_kill_while_pruning_leaves_no_checkpoint_behind_for_ever(tmp_path, mon
 
     monkeypatch.setattr(ck.shutil, "rmtree", killed)
     with pytest.raises(KeyboardInterrupt):
-        ck._prune(root, keep_last=2)
+        ck.prune(root, keep_last=2)
     monkeypatch.setattr(ck.shutil, "rmtree", real)
-    ck._prune(root, keep_last=2)
+    ck.prune(root, keep_last=2)
     assert sorted(d.name for d in root.iterdir()) == ["step-2", "step-3"]

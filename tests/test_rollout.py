@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.training.trainer import sequence_logps
 from conftest import bias_token, make_tiny_model
 
@@ -184,13 +185,13 @@ def test_fast_path_equals_generic_path(tokenizer, batch, arch, monkeypatch):
 
     senior = make_tiny_model(len(tokenizer), 0, 48, arch=arch)
     junior = make_tiny_model(len(tokenizer), 1, 32, arch=arch)
-    assert fastpath._fast_ok(senior) and fastpath._fast_ok(junior)
+    assert fastpath.fast_ok(senior) and fastpath.fast_ok(junior)
     sch = make_schedule("word", tokenizer, p=0.5)
     sampling = Sampling(max_new_tokens=300, temperature=1.0)  # > the cache's first capacity (P + 256)
     fast = _gen(tokenizer, senior, junior, batch, sch, sampling, seed=3)
     assert senior.config._attn_implementation == "sdpa" and junior.config._attn_implementation == "sdpa"
     monkeypatch.setattr(fastpath, "FAST_PATH", False)
-    assert not fastpath._fast_ok(senior)
+    assert not fastpath.fast_ok(senior)
     generic = _gen(tokenizer, senior, junior, batch, sch, sampling, seed=3)
     _same_rollout(fast, generic, atol=1e-4)
 
@@ -205,7 +206,7 @@ def test_sliding_window_model_takes_generic_path(tokenizer, batch):
                       num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
                       max_window_layers=0, pad_token_id=0)
     model = Qwen2ForCausalLM(cfg).eval()
-    assert not fastpath._fast_ok(model)
+    assert not fastpath.fast_ok(model)
     r = _gen(tokenizer, model, None, batch, make_schedule("none"), Sampling(max_new_tokens=20, temperature=0))
     ref = model.generate(input_ids=batch[0], attention_mask=batch[1], max_new_tokens=20, do_sample=False,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -243,7 +244,7 @@ def test_lora_adapter_off_junior(tokenizer, batch):
                 p.normal_(0, 0.5)  # a trained-looking adapter (B starts at 0)
         before = lora(input_ids=batch[0], attention_mask=batch[1]).logits
     junior = AdapterOff(lora)
-    assert fastpath._adapter_off_call(junior) is not None
+    assert fastpath.adapter_off_call(junior) is not None
     sch = make_schedule("word", tokenizer, p=0.5)
     sampling = Sampling(max_new_tokens=24, temperature=0.8)
     r = _gen(tokenizer, lora, junior, batch, sch, sampling, seed=2)

@@ -137,3 +137,46 @@ def test_folders_import_one_way():
     bad = [f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
            if _group(b) in FORBIDDEN.get(_group(a), ())]
     assert not bad, "imports against the layering:\n" + "\n".join(sorted(bad))
+
+
+def private_imports(source: str, module: str) -> list[str]:
+    """Private names that ``module`` takes from another module of the package: ``from tandem_rlvr.x import
+    _name`` and ``alias._name`` where ``alias`` was bound to a package module by an import."""
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("tandem_rlvr"):
+                    aliases[a.asname or a.name.split(".")[0]] = a.name
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tandem_rlvr"):
+            for a in node.names:
+                if node.module != module and a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"from {node.module} import {a.name}")
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")
+                and aliases[node.value.id] != module):
+            found.append(f"{aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_the_private_import_check_finds_both_forms():
+    src = ("import tandem_rlvr.engines.handoff as h\nfrom tandem_rlvr.training import checkpoint as ck\n"
+           "from tandem_rlvr.models import _why, load\nimport torch\n"
+           "h._table(); ck._prune(); torch._C; load._x; h.public()\n")
+    assert sorted(private_imports(src, "tandem_rlvr.other")) == sorted([
+        "from tandem_rlvr.models import _why", "tandem_rlvr.engines.handoff._table",
+        "tandem_rlvr.training.checkpoint._prune", "tandem_rlvr.models.load._x"])
+    assert private_imports("from tandem_rlvr.x import _y\n", "tandem_rlvr.x") == []
+
+
+def test_no_module_uses_another_modules_private_names():
+    found = {}
+    for mod, path in _modules().items():
+        hits = private_imports(path.read_text(encoding="utf-8"), mod)
+        if hits:
+            found[mod] = hits
+    assert not found, f"private names used across modules (make them public or move the code): {found}"

@@ -11,7 +11,8 @@ from tandem_rlvr.training import core
 from tandem_rlvr.config import load_config
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.models import Pair, freeze
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.training.trainer import ArmPlan, TandemError, Trainer, loss_mask, sequence_logps
 from conftest import make_tiny_model
 

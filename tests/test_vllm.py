@@ -13,7 +13,8 @@ from conftest import CORPUS
 
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.engines.vllm_backend import VLLMEngine, check_vllm_schedule, vllm_available
 from tandem_rlvr.engines.weights import engine_weights
 

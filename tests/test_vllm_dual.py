@@ -15,7 +15,8 @@ from test_vllm import _assert_same, _in_process, _model, _shutdown, batch, needs
 
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.engines.vllm_dual import DualVLLMEngine, check_vllm_internals
 from tandem_rlvr.errors import EngineError
 

@@ -17,7 +17,8 @@ from test_trainer import EXAMPLES, length_reward
 
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Sampling, generate
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.engines.vllm_backend import VLLMEngine
 from tandem_rlvr.engines.vllm_dual import DualVLLMEngine
 from tandem_rlvr.models import Pair, freeze

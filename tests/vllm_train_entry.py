@@ -49,7 +49,8 @@ def engine_matches(tr) -> dict:
 
     from tandem_rlvr.engines.base import PromptBatch
     from tandem_rlvr.engines.handoff import make_schedule
-    from tandem_rlvr.engines.rollout import Sampling, generate
+    from tandem_rlvr.engines.rollout import generate
+    from tandem_rlvr.engines.types import Sampling
 
     final = AutoModelForCausalLM.from_pretrained(str(tr.run_dir / "final"), dtype=torch.float32).eval()
     ref = dict(final.named_parameters())

@@ -203,14 +203,14 @@ def eval_default(name: str) -> Any:
     return _default(next(f for f in dataclasses.fields(EvalOptions) if f.name == name))
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key)
+        return coerce(value, inner[0], key)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -292,7 +292,7 @@ def _merge(obj: Any, data: dict, prefix: str = "") -> None:
                 raise ConfigError(f"config key {dotted!r} must be a mapping, got {value!r}")
             _merge(current, value, dotted + ".")
         else:
-            setattr(obj, key, _coerce(value, hints[key], dotted))
+            setattr(obj, key, coerce(value, hints[key], dotted))
 
 
 def parse_overrides(overrides: list[str]) -> dict:

@@ -35,7 +35,7 @@ def resolve_name(name: str) -> str:
     return str(paths.senior_dir if name == "world:senior" else paths.junior_dir)
 
 
-def _check_exists(name: str, role: str) -> None:
+def check_exists(name: str, role: str) -> None:
     if not name:
         raise ModelLoadError(f"no {role} model given")
     p = Path(name).expanduser()
@@ -49,7 +49,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
                    "spiece.model", "tekken.json")
 
 
-def _why(e: BaseException, name: str) -> str:
+def load_error_text(e: BaseException, name: str) -> str:
     """The first line of a loader's error, and a hint when ``name`` is no local path (a hub name)."""
     first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
     if not Path(name).expanduser().exists():
@@ -62,7 +62,7 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "s
     from transformers import AutoTokenizer
 
     name = resolve_name(name)
-    _check_exists(name, role)
+    check_exists(name, role)
     p = Path(name).expanduser()
     if p.is_dir() and not any((p / f).exists() for f in TOKENIZER_FILES) and not any(p.glob("*.gguf")):
         raise ModelLoadError(f"{role} model directory {name!r} has no tokenizer files "
@@ -70,7 +70,7 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "s
     try:
         tok = AutoTokenizer.from_pretrained(str(p) if p.exists() else name, trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many types here
-        raise ModelLoadError(f"could not load the {role} tokenizer from {name!r}: {_why(e, name)}") from None
+        raise ModelLoadError(f"could not load the {role} tokenizer from {name!r}: {load_error_text(e, name)}") from None
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
@@ -84,12 +84,12 @@ def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool
     from transformers import AutoConfig, AutoModelForCausalLM
 
     name = resolve_name(name)
-    _check_exists(name, role)
+    check_exists(name, role)
     path = str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:
-        raise ModelLoadError(f"could not read the {role} model config from {name!r}: {_why(e, name)}") from None
+        raise ModelLoadError(f"could not read the {role} model config from {name!r}: {load_error_text(e, name)}") from None
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=None
@@ -100,7 +100,7 @@ def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool
             f"that transformers can load: {str(e).splitlines()[0]}"
         ) from None
     except Exception as e:
-        raise ModelLoadError(f"could not load the {role} model from {name!r}: {_why(e, name)}") from None
+        raise ModelLoadError(f"could not load the {role} model from {name!r}: {load_error_text(e, name)}") from None
     return model
 
 

@@ -32,16 +32,16 @@ def check_model(name: str, role: str, trust_remote_code: bool = False):
     """The model's config is readable and its tokenizer loads; returns the tokenizer (None for the world aliases)."""
     from transformers import AutoConfig
 
-    from tandem_rlvr.models import _check_exists, _why
+    from tandem_rlvr.models import check_exists, load_error_text
 
     if name in WORLD_MODELS:  # built (or found in the cache) by the command itself
         return None
-    _check_exists(name, role)
+    check_exists(name, role)
     path = str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
     try:
         AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many types here
-        raise ModelLoadError(f"could not read the {role} model config from {name!r}: {_why(e, name)}") from None
+        raise ModelLoadError(f"could not read the {role} model config from {name!r}: {load_error_text(e, name)}") from None
     return load_tokenizer(name, trust_remote_code=trust_remote_code, role=role)
 
 
@@ -198,10 +198,10 @@ def parse_curve_ps(value) -> list[float]:
 def typed_eval_values(merged: dict, option_types: dict) -> dict:
     """Each value of ``merged`` with the type of its :class:`~tandem_rlvr.config.EvalOptions` field
     (a --config file's ``n: abc`` is a one-line error naming the key, as bad flags are)."""
-    from tandem_rlvr.config import _coerce
+    from tandem_rlvr.config import coerce
 
     out = dict(merged)
     for key, value in merged.items():
         if key in option_types and key not in ("senior", "junior", "benchmark", "curve_ps") and value is not None:
-            out[key] = _coerce(value, option_types[key], f"eval {key.replace('_', '-')}")
+            out[key] = coerce(value, option_types[key], f"eval {key.replace('_', '-')}")
     return out

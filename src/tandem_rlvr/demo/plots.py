@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tandem_rlvr.demo.results import _get, _values, label, runs
+from tandem_rlvr.demo.results import metric_of, arm_values, label, runs
 from tandem_rlvr.demo.stats import mean_ci
 
 TRAIN_KEYS = [("reward/mean", "reward"), ("rollout/senior_token_frac", "senior token share"),
@@ -71,7 +71,7 @@ def claims_plot(results: dict, out: Path) -> Path:
     names = runs(results)
     fig, axes = plt.subplots(1, len(CLAIM_KEYS), figsize=(4.5 * len(CLAIM_KEYS), 3.4))
     for ax, (key, title, scale) in zip(axes, CLAIM_KEYS):
-        stats = [mean_ci([_get(results["warm_start"], key)])] + [mean_ci(_values(results, n, key)) for n in names]
+        stats = [mean_ci([metric_of(results["warm_start"], key)])] + [mean_ci(arm_values(results, n, key)) for n in names]
         ax.bar(range(len(stats)), [m * scale for m, _ in stats],
                yerr=[0 if math.isnan(h) else h * scale for _, h in stats], capsize=4,
                color=["gray"] + [col[n] for n in names])
@@ -89,11 +89,11 @@ def tradeoff_plot(results: dict, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     w = results["warm_start"]
     if w:
-        ax.scatter([100 * _get(w, "solo_pass@1")], [_get(w, "communication_tax")], marker="*", s=220,
+        ax.scatter([100 * metric_of(w, "solo_pass@1")], [metric_of(w, "communication_tax")], marker="*", s=220,
                    color="black", zorder=3, label="warm start")
     for n in runs(results):
-        (mx, hx), (my, hy) = (mean_ci(_values(results, n, "solo_pass@1")),
-                              mean_ci(_values(results, n, "communication_tax")))
+        (mx, hx), (my, hy) = (mean_ci(arm_values(results, n, "solo_pass@1")),
+                              mean_ci(arm_values(results, n, "communication_tax")))
         if math.isnan(mx) or math.isnan(my):
             continue
         ax.errorbar([100 * mx], [my], xerr=None if math.isnan(hx) else [100 * hx],

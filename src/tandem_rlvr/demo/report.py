@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 
 from tandem_rlvr.io import atomic_write_text
-from tandem_rlvr.demo.results import _get, _values, kl_runs, label, runs
+from tandem_rlvr.demo.results import metric_of, arm_values, kl_runs, label, runs
 from tandem_rlvr.demo.stats import equivalence, mean_ci
 
 EQUIV_MARGIN_PTS = 5.0  # claim 1: solo pass@1 differences within ±5 points count as "the same"
@@ -63,8 +63,8 @@ def metrics_table(results: dict) -> str:
     curve_keys = [(f"curve:{p}", f"word tandem pass@1, p={p}", 100, "{:.1f}") for p in curve_ps(results)]
     lines = ["| metric | warm start | " + " | ".join(label(n) for n in names) + " |", "|---" * (2 + len(names)) + "|"]
     for key, name, scale, fmt in METRICS + curve_keys:
-        row = [name, _cell([_get(results["warm_start"], key)], scale, fmt)]
-        row += [_cell(_values(results, n, key), scale, fmt) for n in names]
+        row = [name, _cell([metric_of(results["warm_start"], key)], scale, fmt)]
+        row += [_cell(arm_values(results, n, key), scale, fmt) for n in names]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -72,7 +72,7 @@ def metrics_table(results: dict) -> str:
 def paired_diffs(results: dict, key: str, a: str, b: str) -> list[float]:
     """Per-seed differences ``a - b`` over the seeds both runs have."""
     da, db = results["arms"][a], results["arms"][b]
-    return [_get(da[s], key) - _get(db[s], key) for s in da if s in db]
+    return [metric_of(da[s], key) - metric_of(db[s], key) for s in da if s in db]
 
 
 def _diff(results: dict, key: str, a: str, b: str, level: float = 0.95) -> tuple[float, float]:
@@ -216,9 +216,9 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
 def demo_html(results: dict, out: Path, md_path: Path) -> Path:
     """``report.html`` beside the demo's ``report.md``: its tables and plots, and every saved chain
     (``out/chains/<run>-seed<k>.jsonl``, ``warm_start.jsonl``) in the browser."""
-    from tandem_rlvr.evaluation.html import _read_problems, chain_run, markdown_to_html, page, read_jsonl
+    from tandem_rlvr.evaluation.html import read_problems, chain_run, markdown_to_html, page, read_jsonl
 
-    problems = _read_problems(out / "chains" / "problems.json")
+    problems = read_problems(out / "chains" / "problems.json")
     chains = []
     jobs = [("warm_start", "warm start")] + [(f"{n}-seed{s}", f"{label(n)} · seed {s}")
                                              for n in runs(results) for s in results["arms"][n]]

@@ -22,11 +22,11 @@ def label(name: str) -> str:
     return f"kl_reg β={name.split('@')[1]}" if "@" in name else name
 
 
-def _values(results: dict, run: str, key: str) -> list[float]:
-    return [_get(m, key) for m in results["arms"][run].values()]
+def arm_values(results: dict, run: str, key: str) -> list[float]:
+    return [metric_of(m, key) for m in results["arms"][run].values()]
 
 
-def _get(metrics: dict, key: str) -> float:
+def metric_of(metrics: dict, key: str) -> float:
     if key.startswith("curve:"):
         return float(metrics.get("curve", {}).get(key[6:], float("nan")))
     v = metrics.get(key, float("nan"))

@@ -12,7 +12,7 @@ from tandem_rlvr.engines.serving import Serves
 
 if TYPE_CHECKING:
     from tandem_rlvr.engines.handoff import Schedule
-    from tandem_rlvr.engines.rollout import Rollout, Sampling
+    from tandem_rlvr.engines.types import Rollout, Sampling
 
 
 @dataclass

@@ -69,7 +69,7 @@ def _register_fast_attention() -> None:
     _fast_attn_registered = True
 
 
-def _fast_ok(model) -> bool:
+def fast_ok(model) -> bool:
     """Whether ``model`` can take the fast path: a decoder with sdpa and full attention in every layer."""
     cfg = getattr(model, "config", None)
     if not FAST_PATH or cfg is None or getattr(cfg, "is_encoder_decoder", False):
@@ -96,7 +96,7 @@ def gqa_attention(*models):
     configs = []
     for m in models:
         cfg = getattr(m, "config", None)
-        if cfg is None or getattr(cfg, "_attn_implementation", None) != "sdpa" or not _fast_ok(m):
+        if cfg is None or getattr(cfg, "_attn_implementation", None) != "sdpa" or not fast_ok(m):
             continue
         try:
             device = next(iter(m.parameters())).device
@@ -172,7 +172,7 @@ class _BufferLayer(DynamicLayer):
         super().reset()
 
 
-def _adapter_off_call(model):
+def adapter_off_call(model):
     """A cheap forward for ``models.AdapterOff`` (a peft LoRA model seen with its adapter disabled).
 
     ``peft_model.disable_adapter()`` scans every module twice and toggles ``requires_grad`` per call
@@ -219,7 +219,7 @@ def _adapter_off_call(model):
     return call
 
 
-def _buffer_cache(capacity: int, max_len: int) -> DynamicCache:
+def buffer_cache(capacity: int, max_len: int) -> DynamicCache:
     cache = DynamicCache()
     cache.layer_class_to_replicate = lambda: _BufferLayer(capacity, max_len)
     return cache

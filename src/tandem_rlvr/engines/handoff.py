@@ -195,7 +195,7 @@ class Schedule:
         """State after each sequence emitted ``tok_B``: decides the author of the next token."""
         tok_B = tok_B.long().cpu()
         if self.name in NEEDS_TABLE:
-            self._table()
+            self.needed_table()
         if self.table is not None:
             flags = (self.table.boundary_V[tok_B], self.table.ends_nl_V[tok_B], self.table.nl2_V[tok_B],
                      self.table.starts_nl_V[tok_B])
@@ -228,7 +228,8 @@ class Schedule:
         rounds = rounds + _int(new != author)
         return new, _where(due, 0, gap), rounds, ends_nl & (due ^ True), due
 
-    def _table(self) -> TokenTable:
+    def needed_table(self) -> TokenTable:
+        """The token table, which ``word``, ``step`` and ``alternate`` need (a clear error without one)."""
         if self.table is None:
             raise ValueError(f"handoff schedule {self.name!r} needs a token table (pass a tokenizer)")
         return self.table
@@ -260,10 +261,12 @@ class SequenceSchedule:
         """The record of the next token (``Rollout.turn_author_BT``): the author where it was just decided, else -1."""
         return int(self.author) if self.fresh else -1
 
-    def feed(self, tok: int) -> bool:
+    def feed(self, tok: int, table: TokenTable | None = None) -> bool:
         """Advance past one emitted token; True when a coin fell after it (the turn ends there, though
-        the coin may keep the same author)."""
-        table = self.schedule._table() if self.schedule.name in NEEDS_TABLE else self.schedule.table
+        the coin may keep the same author). ``table``: the flags of the vocabulary ``tok`` belongs to, where
+        the authors' vocabularies differ (the turn driver); default the schedule's own table."""
+        if table is None:
+            table = self.schedule.needed_table() if self.schedule.name in NEEDS_TABLE else self.schedule.table
         flags = table.rows[tok] if table is not None else (False, False, False, False)
         self.t += 1
         return self._after(flags, self.t)
@@ -290,7 +293,7 @@ class SequenceSchedule:
         """Token ids after which the ``word`` schedule draws a coin (an engine's stop token ids)."""
         if self.schedule.name != "word":
             return []
-        return self.schedule._table().boundary_V.nonzero().flatten().tolist()
+        return self.schedule.needed_table().boundary_V.nonzero().flatten().tolist()
 
     def over(self, max_rounds: int | None) -> bool:
         """Whether this sequence has started more turns than ``max_rounds`` (it stops)."""

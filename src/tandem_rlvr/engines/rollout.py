@@ -34,151 +34,18 @@ offers the attention change to other callers (e.g. training forwards on left-pad
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from tandem_rlvr.engines import fastpath
-from tandem_rlvr.engines.fastpath import _adapter_off_call, _buffer_cache, gqa_attention
-from tandem_rlvr.engines.handoff import SCHEDULE_SEED_OFFSET, Schedule, over_rounds
+from tandem_rlvr.engines.fastpath import adapter_off_call, buffer_cache, gqa_attention
+from tandem_rlvr.engines.handoff import Schedule, over_rounds
+from tandem_rlvr.engines.types import Rollout, Sampling, decision_record, logp_of, sample_tokens
 
-__all__ = ["MODES", "SCHEDULE_SEED_OFFSET", "Rollout", "Sampling", "concat_rollouts", "rollout_from_rows", "generate", "gqa_attention",
-           "sample_tokens"]
+__all__ = ["MODES", "generate", "gqa_attention"]
 MODES = ("lockstep", "catchup")
 LOGITS_BUDGET = 1 << 26  # max elements of one catch-up forward's (B, w, V) logits; longer windows are chunked
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Decoding settings shared by both authors. ``temperature`` 0 means greedy."""
-
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError(f"bad sampling settings: {self}")
-
-
-@dataclass
-class Rollout:
-    """A batch of co-written responses. Response tensors are right-padded with the pad id.
-
-    ``response_mask_BT`` is 1 on generated tokens (the EOS included); ``owner_BT`` is 1 where the
-    senior wrote the token, 0 where the junior did (and 0 on padding: always combine with the
-    response mask). Log-probs are of the emitted token at the sampling temperature;
-    ``junior_logps_BT`` is None when the junior was not run.
-
-    The schedule's own record of its decisions, which the trainer checks the ownership mask against
-    (:mod:`tandem_rlvr.training.ownership`): ``turn_author_BT`` is -1 where a token continues its author's
-    turn and the author the schedule chose (1 senior, 0 junior) where a decision came before it (the
-    first token and every redraw); ``decisions_B`` / ``senior_decisions_B`` count a row's decisions
-    that chose who writes a token (under a coin schedule each is a coin toss) and how many chose the
-    senior. Engines that cannot record them leave them None.
-    """
-
-    prompt_ids_BP: torch.Tensor
-    prompt_mask_BP: torch.Tensor
-    response_ids_BT: torch.Tensor
-    response_mask_BT: torch.Tensor
-    owner_BT: torch.Tensor
-    senior_logps_BT: torch.Tensor
-    junior_logps_BT: torch.Tensor | None
-    rounds_B: torch.Tensor
-    finished_B: torch.Tensor
-    schedule: str = "none"
-    turn_author_BT: torch.Tensor | None = None
-    decisions_B: torch.Tensor | None = None
-    senior_decisions_B: torch.Tensor | None = None
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.response_ids_BT.shape[0])
-
-    def senior_token_frac(self) -> float:
-        """Share of generated tokens that the senior wrote."""
-        n = self.response_mask_BT.sum().clamp(min=1)
-        return float((self.owner_BT * self.response_mask_BT).sum() / n)
-
-    def texts(self, tokenizer) -> list[str]:
-        """Decoded responses (special tokens dropped)."""
-        ids = [row[m.bool()].tolist() for row, m in zip(self.response_ids_BT, self.response_mask_BT)]
-        return tokenizer.batch_decode(ids, skip_special_tokens=True)
-
-    def turns(self, tokenizer, i: int) -> list[dict]:
-        """Row ``i`` as a list of turns ``{"owner": "senior"|"junior", "text": ...}`` in order."""
-        n = int(self.response_mask_BT[i].sum())
-        ids, own = self.response_ids_BT[i, :n].tolist(), self.owner_BT[i, :n].tolist()
-        out: list[dict] = []
-        start = 0
-        for t in range(1, n + 1):
-            if t == n or own[t] != own[start]:
-                text = tokenizer.decode(ids[start:t], skip_special_tokens=True)
-                out.append({"owner": "senior" if own[start] else "junior", "text": text, "tokens": t - start})
-                start = t
-        return out
-
-
-def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    if top_k and top_k < logits_BV.shape[-1]:
-        kth = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
-        logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_l, idx = torch.sort(logits_BV, descending=True, dim=-1)
-        cum = sorted_l.softmax(-1).cumsum(-1)
-        drop_sorted = (cum - sorted_l.softmax(-1)) >= top_p  # keep the smallest prefix reaching top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
-        logits_BV = logits_BV.masked_fill(drop, float("-inf"))
-    return logits_BV
-
-
-def sample_tokens(logits_BV: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> torch.Tensor:
-    """Sample one token per row (greedy when temperature is 0)."""
-    if sampling.temperature == 0:
-        return logits_BV.argmax(-1)
-    scaled = _filter_logits(logits_BV.float() / sampling.temperature, sampling.top_k, sampling.top_p)
-    probs = scaled.softmax(-1)
-    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits_BV.device)
-
-
-def _logp_of(logits_BV: torch.Tensor, tok_B: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-prob of ``tok`` under ``logits`` at ``temperature`` (any leading shape: ``(B,)`` or ``(B, W)``)."""
-    t = temperature if temperature > 0 else 1.0
-    scaled = logits_BV.float()
-    if t != 1.0:
-        scaled = scaled / t
-    return scaled.gather(-1, tok_B.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, -1)
-
-
-class _Stream:
-    """One model's incremental decoding state (its own KV cache), stepped with a growing 2-D mask.
-
-    The text bridge (:mod:`tandem_rlvr.engines.bridge`) uses it; :func:`generate` uses :class:`_Decoder`.
-    """
-
-    def __init__(self, model, ids_BP: torch.Tensor, mask_BP: torch.Tensor):
-        self.model = model
-        self.cache = DynamicCache()
-        self.pos_B1 = (mask_BP.long().cumsum(-1) - 1).clamp(min=0)
-        self.logits_BV = self._forward(ids_BP, mask_BP, self.pos_B1)
-        self.pos_B1 = self.pos_B1[:, -1:]
-
-    def _forward(self, ids, mask, pos) -> torch.Tensor:
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos,
-            past_key_values=self.cache, use_cache=True, logits_to_keep=1,
-        )
-        self.cache = out.past_key_values
-        return out.logits[:, -1, :]
-
-    def step(self, tok_B: torch.Tensor, mask_BT: torch.Tensor) -> None:
-        self.pos_B1 = self.pos_B1 + 1
-        self.logits_BV = self._forward(tok_B[:, None], mask_BT, self.pos_B1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -196,12 +63,12 @@ class _Decoder:
     def __init__(self, model, prompt_ids_BP, prompt_mask_BP, *, n_new: int, pad_BL: torch.Tensor,
                  temperature: float, fast: bool):
         self.model, self.fast, self.temperature = model, fast, temperature
-        self.call = _adapter_off_call(model) or model
+        self.call = adapter_off_call(model) or model
         B, P = prompt_ids_BP.shape
         self.P, self.pad_BL = P, pad_BL
         device = prompt_ids_BP.device
         if fast:
-            self.cache = _buffer_cache(P + min(n_new, 256), P + n_new)
+            self.cache = buffer_cache(P + min(n_new, 256), P + n_new)
             self.mask4 = pad_BL[:, None, None, :]  # bool, True = attend
             self.cols = torch.arange(P + n_new, device=device)
         else:
@@ -240,12 +107,12 @@ class _Decoder:
             logits = self._forward(ids_BT[:, a:b], self._mask(a, b), self.plen_B1 + self.steps[a:b], b - a)
             k = min(b - a, known - 1 - a)  # logits[:, i] predicts column a + 1 + i
             if k > 0:
-                self.logps_BT[:, a + 1:a + 1 + k] = _logp_of(logits[:, :k], ids_BT[:, a + 1:a + 1 + k], self.temperature)
+                self.logps_BT[:, a + 1:a + 1 + k] = logp_of(logits[:, :k], ids_BT[:, a + 1:a + 1 + k], self.temperature)
             self.logits_BV, self.seen = logits[:, -1, :], b
 
     def record(self, t: int, tok_B: torch.Tensor) -> None:
         if self.seen == t:
-            self.logps_BT[:, t] = _logp_of(self.logits_BV, tok_B, self.temperature)
+            self.logps_BT[:, t] = logp_of(self.logits_BV, tok_B, self.temperature)
 
 
 def _check_vocab(senior, junior, table_size: int | None) -> None:
@@ -288,7 +155,7 @@ def generate(
     _check_vocab(senior, junior if run_junior else None, schedule.table.vocab_size if schedule.table else None)
     device = prompt_ids_BP.device
     models = [senior] + ([junior] if run_junior else [])
-    fast = [device.type in fastpath.FAST_PATH_DEVICES and fastpath._fast_ok(m) for m in models]
+    fast = [device.type in fastpath.FAST_PATH_DEVICES and fastpath.fast_ok(m) for m in models]
     P, n_new = prompt_ids_BP.shape[1], sampling.max_new_tokens
     pad_BL = torch.ones(prompt_ids_BP.shape[0], P + n_new, dtype=torch.bool, device=device)
     pad_BL[:, :P] = prompt_mask_BP.bool()
@@ -374,75 +241,3 @@ class _CoWrite:
             rounds_B=torch.minimum(rounds, torch.full_like(rounds, self.max_rounds or 10**9)),
             finished_B=self.hit_eos, schedule=self.schedule.name, **decision_record(self.turn[:, :T]),
         )
-
-
-def rollout_from_rows(prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, ids: list[list[int]],
-                      owner: list[list[int]], *, pad_token_id: int, rounds: list[int], finished: list[bool],
-                      max_rounds: int | None, schedule: str, turn: list[list[int]] | None = None,
-                      record: dict | None = None) -> Rollout:
-    """A :class:`Rollout` from per-row token and owner lists (engines that write whole turns), right-padded,
-    on the prompts' device; rounds capped at ``max_rounds``; no log-probs recorded (zeros / None).
-    The schedule's decisions: ``turn`` per token (-1 or the chosen author, as ``Rollout.turn_author_BT``),
-    or ``record``, ready-made per-row counts (``decisions_B``, ``senior_decisions_B``)."""
-    B, T = len(ids), max(1, max(len(r) for r in ids))
-    ids_BT = torch.full((B, T), pad_token_id, dtype=torch.long)
-    mask_BT, owner_BT = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
-    turn_BT = torch.full((B, T), -1, dtype=torch.long)
-    for b, (row, own) in enumerate(zip(ids, owner)):
-        ids_BT[b, :len(row)] = torch.tensor(row, dtype=torch.long)
-        mask_BT[b, :len(row)] = 1
-        owner_BT[b, :len(own)] = torch.tensor(own, dtype=torch.long)
-        if turn is not None:
-            turn_BT[b, :len(turn[b])] = torch.tensor(turn[b], dtype=torch.long)
-    dev = prompt_ids_BP.device
-    rounds_B = torch.tensor([min(r, max_rounds or 10**9) for r in rounds], dtype=torch.long)
-    if turn is not None:
-        record = decision_record(turn_BT)
-    return Rollout(
-        prompt_ids_BP=prompt_ids_BP, prompt_mask_BP=prompt_mask_BP, response_ids_BT=ids_BT.to(dev),
-        response_mask_BT=mask_BT.to(dev), owner_BT=owner_BT.to(dev), senior_logps_BT=torch.zeros(B, T, device=dev),
-        junior_logps_BT=None, rounds_B=rounds_B.to(dev), finished_B=torch.tensor(finished, dtype=torch.bool).to(dev),
-        schedule=schedule, **{k: v.to(dev) for k, v in (record or {}).items()},
-    )
-
-
-def decision_record(turn_author_BT: torch.Tensor) -> dict:
-    """The Rollout fields of a schedule's decisions: ``turn_author_BT`` and the per-row counts."""
-    return {"turn_author_BT": turn_author_BT, "decisions_B": (turn_author_BT >= 0).long().sum(-1),
-            "senior_decisions_B": (turn_author_BT == 1).long().sum(-1)}
-
-
-def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
-    """Stack rollouts along the batch: prompts left-padded, responses right-padded to a common length."""
-    if len(parts) == 1:
-        return parts[0]
-    T = max(r.response_ids_BT.shape[1] for r in parts)
-    P = max(r.prompt_ids_BP.shape[1] for r in parts)
-
-    def pad(x: torch.Tensor, value) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, T - x.shape[1]), value=value)
-
-    def lpad(x: torch.Tensor, value) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (P - x.shape[1], 0), value=value)
-
-    junior = None if any(r.junior_logps_BT is None for r in parts) else torch.cat([pad(r.junior_logps_BT, 0.0) for r in parts])
-
-    def cat_opt(name: str, value=None):  # an optional record survives only if every part has it
-        xs = [getattr(r, name) for r in parts]
-        if any(x is None for x in xs):
-            return None
-        return torch.cat([pad(x, value) if value is not None else x for x in xs])
-    return Rollout(
-        prompt_ids_BP=torch.cat([lpad(r.prompt_ids_BP, pad_token_id) for r in parts]),
-        prompt_mask_BP=torch.cat([lpad(r.prompt_mask_BP, 0) for r in parts]),
-        response_ids_BT=torch.cat([pad(r.response_ids_BT, pad_token_id) for r in parts]),
-        response_mask_BT=torch.cat([pad(r.response_mask_BT, 0) for r in parts]),
-        owner_BT=torch.cat([pad(r.owner_BT, 0) for r in parts]),
-        senior_logps_BT=torch.cat([pad(r.senior_logps_BT, 0.0) for r in parts]),
-        junior_logps_BT=junior,
-        rounds_B=torch.cat([r.rounds_B for r in parts]),
-        finished_B=torch.cat([r.finished_B for r in parts]),
-        schedule=parts[0].schedule,
-        turn_author_BT=cat_opt("turn_author_BT", -1), decisions_B=cat_opt("decisions_B"),
-        senior_decisions_B=cat_opt("senior_decisions_B"),
-    )

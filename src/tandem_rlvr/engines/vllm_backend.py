@@ -3,7 +3,7 @@
 - :func:`make_llm`: a ``vllm.LLM`` with prefix caching whose engine core runs in this process (the trainer
   reaches its worker to push weights); an error while it starts is one line naming our keys.
 - :class:`VLLMEngine`: solo rollouts (schedule ``none``) on a plain engine, the same
-  :class:`~tandem_rlvr.engines.rollout.Rollout` layout as every engine. Log-probs are not recorded
+  :class:`~tandem_rlvr.engines.types.Rollout` layout as every engine. Log-probs are not recorded
   (``senior_logps_BT`` zero, ``junior_logps_BT`` None): the trainer recomputes the senior's old log-probs.
 - :func:`push_weights` / :func:`push_model`: the trained senior into a running engine (layerwise reload
   in place from :func:`tandem_rlvr.engines.weights.engine_weights`: a peft adapter merged in, a sharded
@@ -23,7 +23,7 @@ from tandem_rlvr.errors import TandemError
 from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import VLLM, VLLM_SOLO
 from tandem_rlvr.engines.handoff import Schedule
-from tandem_rlvr.engines.rollout import Rollout, Sampling, rollout_from_rows
+from tandem_rlvr.engines.types import Rollout, Sampling, rollout_from_rows
 from tandem_rlvr.engines.weights import engine_weights
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ The model and the logits processor that make this work on stock vLLM are in
 whoever does not write next. A sampled id >= V is a junior token: ownership travels in the token stream.
 
 This module starts such an engine (:func:`make_dual_llm`), turns its outputs into a
-:class:`~tandem_rlvr.engines.rollout.Rollout` while replaying the schedule over them (a token whose
+:class:`~tandem_rlvr.engines.types.Rollout` while replaying the schedule over them (a token whose
 half is not its schedule's author stops the run: the mask was not applied), pushes the trained senior
 into the senior stack only, and runs rollouts that the junior never writes on the senior stack alone.
 """
@@ -24,7 +24,7 @@ import torch
 
 from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.handoff import Schedule, SequenceSchedule
-from tandem_rlvr.engines.rollout import Rollout, Sampling, rollout_from_rows
+from tandem_rlvr.engines.types import Rollout, Sampling, rollout_from_rows
 from tandem_rlvr.engines.serving import VLLM
 from tandem_rlvr.errors import EngineError, TandemError
 

@@ -6,14 +6,15 @@
   rows): :func:`tandem_rlvr.evaluation.evaluate.evaluate_pair` unchanged (lockstep handoff, word-level curve,
   nats/token, top-1, KL), plus bits-per-byte legibility;
 - **different tokenizers**: the solo chains as usual (the senior alone needs no junior), the step
-  handoff through the text bridge (:func:`bridge_handoff`), the handoff-rate curve with word-level
-  handoffs on text (:mod:`tandem_rlvr.evaluation.wordbridge`), bits-per-byte legibility; nats/token, top-1 and
+  handoff through text (:func:`bridge_handoff`), the handoff-rate curve with word-level handoffs on
+  text (:func:`word_bridge`), both played by the turn driver (:mod:`tandem_rlvr.engines.turns`),
+  bits-per-byte legibility; nats/token, top-1 and
   KL are reported as :data:`NA` (they compare tokens or distributions over one vocabulary, which two
   tokenizers do not share).
 
 Bridge handoff (``alternate``: the senior writes the first ``"\\n\\n"`` step, then strict
 alternation, at most ``max_rounds`` turns). Each turn's text is re-encoded by the next author with
-its own tokenizer (:mod:`tandem_rlvr.engines.bridge`). The one shared budget is counted in **senior
+its own tokenizer. The one shared budget is counted in **senior
 tokens**: after every turn the whole chain is re-encoded with the senior's tokenizer, and a chain
 that would pass the budget is cut at the last senior token that fits, so a handoff chain is never
 longer, in the senior's tokens, than a solo chain may be. A turn is capped at the remaining budget
@@ -33,19 +34,11 @@ from functools import partial
 
 import torch
 
+from tandem_rlvr.engines.bridge import make_side, tokenizers_differ
+from tandem_rlvr.engines.handoff import Schedule
+from tandem_rlvr.engines.turns import Side, TurnRules, chains_to_rollout, encode_texts, run_turns, start_chains
+from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.evaluation import legibility as L
-from tandem_rlvr.engines.bridge import (
-    Side,
-    _encode,
-    _encode_prompts,
-    _to_rollout,
-    _turn_text,
-    decode_turn,
-    make_side,
-    tokenizers_differ,
-)
-from tandem_rlvr.engines.rollout import Sampling
-from tandem_rlvr.evaluation.textfit import _Chains, _fit_context, _senior_used
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +46,7 @@ NA = "n/a (different tokenizers)"
 NA_KEYS = ("junior_ce", "junior_top1", "junior_ce_by_decile", "kl_senior_junior", "kl_senior_junior_exact")
 STOPS = ("eos", "budget", "max_rounds", "empty_turn")
 
-__all__ = ["NA", "STOPS", "bridge_handoff", "evaluate_any_pair", "same_vocabulary", "template_kind"]
+__all__ = ["NA", "STOPS", "bridge_handoff", "evaluate_any_pair", "text_tandem", "word_bridge", "same_vocabulary", "template_kind"]
 
 
 def same_vocabulary(senior, junior, s_tok, j_tok) -> bool:
@@ -79,58 +72,46 @@ def model_context(model, limit: int | None = None) -> int | None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _after_eval_turn(ch: _Chains, b: int, turn, text: str, used: int | None, budget: int,
-                     max_rounds: int | None, stops: list[str]) -> None:
-    """Strict alternation after row ``b``'s turn, or the end of the chain with its reason (``used`` None: cut)."""
-    ch.remaining[b] = budget - (budget if used is None else used)
-    ch.last_author[b] = ch.author[b]
-    stop = ("budget" if used is None else "eos" if turn.hit_eos else "budget" if ch.remaining[b] <= 0 or not turn.step_end
-            else "empty_turn" if not text.strip() else None)
-    if stop is None and max_rounds is not None and ch.rounds[b] >= max_rounds:
-        stop = "max_rounds"
-    if stop is not None:
-        ch.done[b], ch.finished[b], stops[b] = True, stop == "eos", stop
-        return
-    ch.rounds[b] += 1
-    ch.author[b] = not ch.author[b]
+def text_tandem(senior: Side, junior: Side, senior_prompts: Sequence[str], junior_prompts: Sequence[str],
+                sampling: Sampling, schedule: Schedule, *, seed: int = 0, max_rounds: int | None = None,
+                contexts: tuple[int | None, int | None] = (None, None)) -> dict:
+    """Tandem generation between two tokenizers through the turn driver (:mod:`tandem_rlvr.engines.turns`),
+    the budget ``sampling.max_new_tokens`` counted in senior tokens. Returns the senior-token ``rollout``,
+    ``texts``, owner ``spans``, each chain's ``stops`` reason and the context ``truncations``.
+
+    Step-level schedules end a chain on a turn of whitespace only (``empty_turn``: an author that writes
+    nothing would hand the same history back forever); word turns can be a lone space and do not.
+    """
+    n = len(senior_prompts)
+    chains = start_chains(schedule, schedule.coins(n, seed), int(sampling.max_new_tokens))
+    prompt_ids = (encode_texts(senior.tokenizer, senior_prompts), encode_texts(junior.tokenizer, junior_prompts))
+    rules = TurnRules(max_rounds=max_rounds, senior_budget=True, stop_empty=schedule.level == "step", contexts=contexts)
+    truncations = run_turns((senior, junior), prompt_ids, chains, sampling, torch.Generator().manual_seed(int(seed)), rules)
+    rollout = chains_to_rollout(senior, chains, prompt_ids[0], schedule.name, max_rounds)
+    return {"rollout": rollout, "texts": [c.text for c in chains], "spans": [[tuple(s) for s in c.spans] for c in chains],
+            "stops": [c.stop for c in chains], "truncations": truncations, "chains": chains}
 
 
 def bridge_handoff(senior: Side, junior: Side, senior_prompts: Sequence[str], junior_prompts: Sequence[str],
                    sampling: Sampling, *, seed: int = 0, max_rounds: int | None = 150,
                    contexts: tuple[int | None, int | None] = (None, None)) -> dict:
-    """Step handoff (``alternate``) between two tokenizers, budget ``sampling.max_new_tokens`` senior tokens.
+    """Step handoff (``alternate``: the senior writes the first step, then strict alternation) between two
+    tokenizers (:func:`text_tandem`). The random draws are those of
+    :func:`tandem_rlvr.engines.bridge.bridge_generate` with the same seed, so while no budget binds the
+    texts are the training bridge's."""
+    return text_tandem(senior, junior, senior_prompts, junior_prompts, sampling, Schedule("alternate"), seed=seed,
+                       max_rounds=max_rounds, contexts=contexts)
 
-    Returns ``{"bridge": BridgeRollout-like fields, "stops": [...], "truncations": int}`` where the
-    rollout is over the senior's tokens with ownership from the character spans (see the module
-    docstring). The random draws are those of :func:`tandem_rlvr.engines.bridge.bridge_generate` with the same
-    seed, so while no budget binds the texts are the training bridge's.
-    """
-    n, budget = len(senior_prompts), int(sampling.max_new_tokens)
-    ch = _Chains.start(n, [True] * n, budget)
-    prompt_ids = {True: _encode_prompts(senior.tokenizer, senior_prompts),
-                  False: _encode_prompts(junior.tokenizer, junior_prompts)}
-    ctx = {True: contexts[0], False: contexts[1]}
-    gen = torch.Generator().manual_seed(int(seed))
-    stops, truncations = [""] * n, 0
-    while not all(ch.done):
-        for is_senior, side in ((True, senior), (False, junior)):
-            rows = [b for b in range(n) if not ch.done[b] and ch.author[b] == is_senior]
-            if not rows:
-                continue
-            history = _encode(side.tokenizer, [ch.texts[b] for b in rows])
-            seqs = [prompt_ids[is_senior][b] + h for b, h in zip(rows, history)]
-            seqs, caps, cut = _fit_context(seqs, [ch.remaining[b] for b in rows], ctx[is_senior])
-            truncations += cut
-            turns = decode_turn(side, seqs, caps, sampling, gen)
-            added = [_turn_text(side, t) for t in turns]
-            for b, text in zip(rows, added):
-                ch.add_text(b, text, int(is_senior))
-            used = _senior_used(ch, rows, senior.tokenizer, budget)
-            for b, turn, text, u in zip(rows, turns, added, used):
-                _after_eval_turn(ch, b, turn, text, u, budget, max_rounds, stops)
-    rollout = _to_rollout(senior, ch, prompt_ids[True], "alternate", max_rounds)
-    spans = [[(s, e, o) for s, e, o in row] for row in ch.spans]
-    return {"rollout": rollout, "texts": list(ch.texts), "spans": spans, "stops": stops, "truncations": truncations}
+
+def word_bridge(senior: Side, junior: Side, senior_prompts: Sequence[str], junior_prompts: Sequence[str],
+                sampling: Sampling, *, p: float, seed: int = 0, max_gap: int = 32,
+                contexts: tuple[int | None, int | None] = (None, None)) -> dict:
+    """Word-level tandem between two tokenizers (:func:`text_tandem`): the ``word`` schedule with P(senior)
+    = ``p`` and K = ``max_gap``, each token fed to it in its author's vocabulary, so the coins fall where
+    the same-tokenizer curve's do (after a word-start token, or after K tokens without one) and, as
+    there, no turn limit. Each handoff costs the new author a fresh read of the history."""
+    schedule = Schedule("word", p=float(p), max_gap=int(max_gap))
+    return text_tandem(senior, junior, senior_prompts, junior_prompts, sampling, schedule, seed=seed, contexts=contexts)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -157,11 +138,11 @@ def _bridge_record(job, mode: str, pi: int, si: int, out: dict, i: int, reward: 
 
 
 def _run_bridge_mode(job, sides: tuple[Side, Side], problems: list[str], mode: str, runner: Callable) -> tuple:
-    """One mode through text (``runner``: :func:`bridge_handoff`-like): a ``_ModeResult``, stop counts, truncations."""
+    """One mode through text (``runner``: :func:`bridge_handoff`-like): a ``ModeResult``, stop counts, truncations."""
     from tandem_rlvr.data import render_prompt
-    from tandem_rlvr.evaluation.evaluate import _batch_seed, _ModeResult
+    from tandem_rlvr.evaluation.evaluate import batch_seed, ModeResult
 
-    res = _ModeResult(rewards=[[0.0] * job.n for _ in job.prompts])
+    res = ModeResult(rewards=[[0.0] * job.n for _ in job.prompts])
     stops, truncations = dict.fromkeys(STOPS, 0), 0
     tag = str(job.labels.get("benchmark", ""))
     for b, rows in enumerate(job.batches()):
@@ -171,7 +152,7 @@ def _run_bridge_mode(job, sides: tuple[Side, Side], problems: list[str], mode: s
         probs = [problems[pi] for pi, _ in rows]
         out = runner(*sides, [render_prompt(sides[0].tokenizer, p) for p in probs],
                      [render_prompt(sides[1].tokenizer, p) for p in probs],
-                     replace(job.sampling, max_new_tokens=budget), seed=_batch_seed(job.seed, tag, b))
+                     replace(job.sampling, max_new_tokens=budget), seed=batch_seed(job.seed, tag, b))
         ro = out["rollout"]
         rewards = job.grader.grade(out["texts"], [job.golds[pi] for pi, _ in rows])
         n_tok = ro.response_mask_BT.sum(-1).tolist()
@@ -192,36 +173,35 @@ def _run_bridge_mode(job, sides: tuple[Side, Side], problems: list[str], mode: s
 
 
 def _word_curve(job, sides, problems: list[str], ps: list[float], solo, ctx: dict) -> dict:
-    """pass@1 of word-level tandem through text (:mod:`tandem_rlvr.evaluation.wordbridge`) at each P(senior); p = 1 is solo."""
+    """pass@1 of word-level tandem through text (:func:`word_bridge`) at each P(senior); p = 1 is solo."""
     from tandem_rlvr.evaluation import metrics as M
-    from tandem_rlvr.evaluation.wordbridge import word_bridge
 
     curve = {}
     for p in ps:
         res = solo if float(p) == 1.0 else _run_bridge_mode(
-            job, sides, problems, f"curve-p{float(p)}", partial(word_bridge, p=float(p), **ctx))[0]
+            job, sides, problems, f"curve-p{float(p)}", partial(word_bridge, p=float(p), contexts=ctx["contexts"]))[0]
         curve[str(float(p))] = M.mean_pass_at_k(res.rewards, 1)
     return curve
 
 
 def _cross_pair(senior, junior, s_tok, j_tok, examples, *, ks, max_rounds, context, kw: dict) -> tuple[dict, list]:
     """Solo (lockstep, senior alone) and bridged step handoff of a pair with different tokenizers."""
-    from tandem_rlvr.evaluation.evaluate import _make_job, _pass_metrics, _run_mode, _tax
+    from tandem_rlvr.evaluation.evaluate import make_job, pass_metrics, run_mode, tax_metrics
     from tandem_rlvr.engines.handoff import make_schedule
 
     if kw.pop("engine", None) is not None:
         raise ValueError("--engine vllm serves same-tokenizer pairs only; use --engine hf for a pair with different tokenizers")
     curve_ps = list(kw.pop("curve_ps", None) or [])
-    job, skipped = _make_job(senior, None, s_tok, examples, context=context, **kw)
+    job, skipped = make_job(senior, None, s_tok, examples, context=context, **kw)
     problems = _kept_problems(job, examples, s_tok)
-    solo = _run_mode(job, "solo", make_schedule("none"))
+    solo = run_mode(job, "solo", make_schedule("none"))
     sides = (make_side(senior, s_tok, job.eos), make_side(junior, j_tok))
     ctx = dict(max_rounds=max_rounds, contexts=(model_context(senior, context), model_context(junior)))
     hand, stops, trunc = _run_bridge_mode(job, sides, problems, "handoff", partial(bridge_handoff, **ctx))
     out = {"n_problems": len(job.prompts), "n_samples": job.n, "n_chains": len(job.prompts) * job.n, "n_skipped": skipped}
-    out.update(_pass_metrics("solo", solo, ks))
-    out.update(_pass_metrics("handoff", hand, ks))
-    out.update(_tax(solo, hand))
+    out.update(pass_metrics("solo", solo, ks))
+    out.update(pass_metrics("handoff", hand, ks))
+    out.update(tax_metrics(solo, hand))
     out["handoff_rounds"] = sum(hand.rounds) / max(1, len(hand.rounds))
     out["handoff_senior_frac"] = hand.senior_tokens / max(1, sum(hand.n_tokens))
     out["handoff_stops"] = stops

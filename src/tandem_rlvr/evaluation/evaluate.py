@@ -40,7 +40,8 @@ from tandem_rlvr.data import encode_prompts
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.inprocess import InProcessEngine
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.engines.rollout import Rollout, Sampling
+from tandem_rlvr.engines.scoring import teacher_inputs
+from tandem_rlvr.engines.types import Rollout, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def eval_sampling(max_new_tokens: int = EVAL_MAX_NEW_TOKENS, temperature: float 
 _SPLIT_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _device(model) -> torch.device:
+def model_device(model) -> torch.device:
     return next(iter(model.parameters())).device
 
 
@@ -89,7 +90,7 @@ def _split_head(model):
     ok = _SPLIT_OK.get(model)
     if ok is None:
         try:
-            x = (torch.arange(1, 7, device=_device(model)) % head.weight.shape[0])[None]
+            x = (torch.arange(1, 7, device=model_device(model)) % head.weight.shape[0])[None]
             ref = model(input_ids=x, use_cache=False).logits[0].float()
             got = head(dec(input_ids=x, use_cache=False).last_hidden_state)[0].float()
             ok = bool(torch.allclose(ref, got, rtol=1e-3, atol=1e-3 * max(1.0, float(ref.abs().max()))))
@@ -99,7 +100,7 @@ def _split_head(model):
     return (dec, head) if ok else None
 
 
-class _LogitSource:
+class LogitSource:
     """Logits of one model at arbitrary (row, column) positions of a teacher-forced batch.
 
     Fast path: one decoder forward for the batch, then the LM head on chunks of gathered hidden
@@ -130,24 +131,21 @@ class _LogitSource:
 
 
 def _teacher_batch(rollout: Rollout, rows: torch.Tensor):
-    """Prompt + response of ``rows`` (shared left padding trimmed) and the response-token coordinates."""
-    p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows].long()
+    """Prompt + response of ``rows`` (:func:`~tandem_rlvr.engines.scoring.teacher_inputs`, trimmed) and the
+    response-token coordinates: row, response column, input column that predicts it, target id; lengths."""
+    ids, mask, pos = teacher_inputs(rollout, rows, trim=True)
     r_mask = rollout.response_mask_BT[rows].long()
     T = max(int(r_mask.sum(-1).max()), 1)
     r_ids, r_mask = rollout.response_ids_BT[rows, :T], r_mask[:, :T]
-    first = int(p_mask.any(0).nonzero().min()) if bool(p_mask.any()) else 0
-    p_ids, p_mask = p_ids[:, first:], p_mask[:, first:]
-    ids, mask = torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
     b_N, t_N = r_mask.nonzero(as_tuple=True)
-    cols_N = p_ids.shape[1] - 1 + t_N
+    cols_N = ids.shape[1] - T - 1 + t_N
     return ids, mask, pos, b_N, t_N, cols_N, r_ids[b_N, t_N], r_mask.sum(-1)
 
 
 def _score_rows(senior, junior, rollout: Rollout, rows: torch.Tensor, chunk_tokens: int) -> dict:
     ids, mask, pos, b_N, t_N, cols_N, tgt_N, len_B = _teacher_batch(rollout, rows)
-    j_src = _LogitSource(junior, ids, mask, pos)
-    s_src = _LogitSource(senior, ids, mask, pos) if senior is not None else None
+    j_src = LogitSource(junior, ids, mask, pos)
+    s_src = LogitSource(senior, ids, mask, pos) if senior is not None else None
     parts: list[dict] = []
     for c in range(0, int(b_N.numel()), chunk_tokens):
         sl = slice(c, c + chunk_tokens)
@@ -231,7 +229,7 @@ def open_scorer(reward: str, timeout_s: float = 2.0, num_workers: int = 2):
     return RewardScorer(reward, num_workers=num_workers, **{limit_kw: timeout_s})
 
 
-def _batch_seed(seed: int, tag: str, b: int) -> int:
+def batch_seed(seed: int, tag: str, b: int) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(tag.encode()) * 7919 + b * 104_729) % (2**31 - 1)
 
 
@@ -270,7 +268,7 @@ class _Job:
 
 
 @dataclass
-class _ModeResult:
+class ModeResult:
     rewards: list[list[float]]
     n_tokens: list[int] = field(default_factory=list)
     finished: list[bool] = field(default_factory=list)
@@ -279,13 +277,13 @@ class _ModeResult:
     scores: dict[str, list] = field(default_factory=dict)
 
 
-def _run_mode(job: _Job, mode: str, schedule, *, max_rounds: int | None = None, score: bool = False) -> _ModeResult:
+def run_mode(job: _Job, mode: str, schedule, *, max_rounds: int | None = None, score: bool = False) -> ModeResult:
     """Sample ``n`` chains per problem under ``schedule``, grade them, optionally score them."""
     from tqdm.auto import tqdm
 
-    res = _ModeResult(rewards=[[0.0] * job.n for _ in job.prompts])
+    res = ModeResult(rewards=[[0.0] * job.n for _ in job.prompts])
     pad = job.tokenizer.pad_token_id
-    device = _device(job.senior)
+    device = model_device(job.senior)
     desc = " ".join(str(v) for v in (*job.labels.values(), mode))
     bar = tqdm(total=len(job.prompts) * job.n, desc=desc, unit="chain", disable=not job.progress,
                dynamic_ncols=True, leave=False)
@@ -316,7 +314,7 @@ def _call_groups(job: _Job, pad: int, device) -> list[list[tuple]]:
         budget = job.sampling.max_new_tokens
         if job.context is not None:
             budget = max(1, min(budget, job.context - prompts.ids_BP.shape[1]))
-        item = (rows, prompts, replace(job.sampling, max_new_tokens=budget), _batch_seed(job.seed, tag, b))
+        item = (rows, prompts, replace(job.sampling, max_new_tokens=budget), batch_seed(job.seed, tag, b))
         if groups and getattr(job.engine, "batches_requests", False) and groups[-1][-1][2] == item[2]:
             groups[-1].append(item)
         else:
@@ -324,7 +322,7 @@ def _call_groups(job: _Job, pad: int, device) -> list[list[tuple]]:
     return groups
 
 
-def _collect(job: _Job, res: _ModeResult, mode: str, rows, ro: Rollout, texts, rewards, sc) -> None:
+def _collect(job: _Job, res: ModeResult, mode: str, rows, ro: Rollout, texts, rewards, sc) -> None:
     n_tok = ro.response_mask_BT.sum(-1).tolist()
     res.senior_tokens += int((ro.owner_BT * ro.response_mask_BT).sum())
     for i, (pi, si) in enumerate(rows):
@@ -352,7 +350,7 @@ def _collect(job: _Job, res: _ModeResult, mode: str, rows, ro: Rollout, texts, r
 # ---------------------------------------------------------------------------------------------------
 
 
-def _pass_metrics(prefix: str, res: _ModeResult, ks: Sequence[int]) -> dict:
+def pass_metrics(prefix: str, res: ModeResult, ks: Sequence[int]) -> dict:
     out = {f"{prefix}_pass@{k}": v for k, v in M.pass_at_ks(res.rewards, ks).items()}
     out[f"{prefix}_pass@1_se"] = M.std_error([sum(r) / len(r) for r in res.rewards])
     out[f"{prefix}_len"] = M.nanmean(res.n_tokens)
@@ -370,12 +368,12 @@ def solo_metrics_from_chains(chains: Sequence[dict], n: int, problems: int, ks: 
                          f"({len(seen)} distinct): are the problem ids unique?")
     for c in chains:
         rewards.setdefault(c["problem_id"], [0.0] * n)[c["sample"]] = c["reward"]
-    res = _ModeResult(rewards=list(rewards.values()), n_tokens=[c["n_tokens"] for c in chains],
+    res = ModeResult(rewards=list(rewards.values()), n_tokens=[c["n_tokens"] for c in chains],
                       finished=[c["finished"] for c in chains])
-    return {"n_problems": len(rewards), **_pass_metrics("solo", res, ks)}
+    return {"n_problems": len(rewards), **pass_metrics("solo", res, ks)}
 
 
-def _legibility_metrics(res: _ModeResult) -> dict:
+def _legibility_metrics(res: ModeResult) -> dict:
     s = res.scores
     deciles = [M.nanmean(col) for col in zip(*s["junior_ce_deciles"])]
     out = {"junior_ce": M.nanmean(s["junior_ce"]), "junior_top1": M.nanmean(s["junior_top1"]),
@@ -386,12 +384,12 @@ def _legibility_metrics(res: _ModeResult) -> dict:
     return out
 
 
-def _tax(solo: _ModeResult, hand: _ModeResult) -> dict:
+def tax_metrics(solo: ModeResult, hand: ModeResult) -> dict:
     d = [sum(a) / len(a) - sum(b) / len(b) for a, b in zip(solo.rewards, hand.rewards)]
     return {"communication_tax": 100.0 * sum(d) / len(d), "communication_tax_se": 100.0 * M.std_error(d)}
 
 
-def _make_job(senior, junior, tokenizer, examples, *, n, sampling, seed, reward_fn, scorer, batch_size,
+def make_job(senior, junior, tokenizer, examples, *, n, sampling, seed, reward_fn, scorer, batch_size,
               context, labels, progress, sink, max_prompt_tokens=None, **kw) -> tuple[_Job, int]:
     from tandem_rlvr.models import eos_ids
 
@@ -430,23 +428,23 @@ def evaluate_pair(senior, junior, tokenizer, examples: Sequence, *, n: int = 8, 
     Scoring runs in-process.
     """
     sampling = sampling or eval_sampling()
-    job, skipped = _make_job(senior, junior, tokenizer, examples, n=n, sampling=sampling, seed=seed,
+    job, skipped = make_job(senior, junior, tokenizer, examples, n=n, sampling=sampling, seed=seed,
                              reward_fn=reward_fn, scorer=scorer, batch_size=batch_size, context=context,
                              labels=labels, progress=progress, sink=sink, chunk_tokens=chunk_tokens,
                              score_batch=score_batch, keep_chains=keep_chains, engine=engine)
     vocab = senior.get_output_embeddings().weight.shape[0]
-    solo = _run_mode(job, "solo", make_schedule("none"), score=True)
-    hand = _run_mode(job, "handoff", make_schedule("alternate", tokenizer, vocab_size=vocab), max_rounds=max_rounds)
+    solo = run_mode(job, "solo", make_schedule("none"), score=True)
+    hand = run_mode(job, "handoff", make_schedule("alternate", tokenizer, vocab_size=vocab), max_rounds=max_rounds)
     out = {"n_problems": len(job.prompts), "n_samples": n, "n_chains": len(job.prompts) * n, "n_skipped": skipped}
-    out.update(_pass_metrics("solo", solo, ks))
-    out.update(_pass_metrics("handoff", hand, ks))
-    out.update(_tax(solo, hand))
+    out.update(pass_metrics("solo", solo, ks))
+    out.update(pass_metrics("handoff", hand, ks))
+    out.update(tax_metrics(solo, hand))
     out["handoff_rounds"] = M.nanmean(hand.rounds)
     out["handoff_senior_frac"] = hand.senior_tokens / max(1, sum(hand.n_tokens))
     if curve_ps:
         out["curve"] = {}
         for p in curve_ps:
-            res = solo if float(p) == 1.0 else _run_mode(
+            res = solo if float(p) == 1.0 else run_mode(
                 job, f"curve-p{float(p)}", make_schedule("word", tokenizer, p=float(p), vocab_size=vocab))
             out["curve"][str(float(p))] = M.mean_pass_at_k(res.rewards, 1)
     out.update(_legibility_metrics(solo))
@@ -462,10 +460,10 @@ def solo_eval(senior, tokenizer, examples: Sequence, *, n: int = 8, sampling: Sa
     """Solo accuracy only (no junior): ``solo_pass@k``, its s.e., length and finished fraction. ``engine``: the
     rollout engine that samples the chains (in-process when None); ``shard``: ``(rank, processes)``, this
     process samples its share of the batches only (the metrics then cover its share: combine the chains)."""
-    job, skipped = _make_job(senior, None, tokenizer, examples, n=n, sampling=sampling or eval_sampling(), seed=seed,
+    job, skipped = make_job(senior, None, tokenizer, examples, n=n, sampling=sampling or eval_sampling(), seed=seed,
                              reward_fn=reward_fn, scorer=scorer, batch_size=batch_size, context=context,
                              labels=labels, progress=progress, sink=None, max_prompt_tokens=max_prompt_tokens,
                              engine=engine, shard=shard)
-    res = _run_mode(job, "solo", make_schedule("none"))
-    out = {"n_problems": len(job.prompts), "n_samples": n, "n_skipped": skipped, **_pass_metrics("solo", res, ks)}
+    res = run_mode(job, "solo", make_schedule("none"))
+    out = {"n_problems": len(job.prompts), "n_samples": n, "n_skipped": skipped, **pass_metrics("solo", res, ks)}
     return out, job.chains

@@ -157,5 +157,5 @@ def eval_html(out_dir: str | Path, problems: dict | None = None) -> Path:
     return target
 
 
-def _read_problems(path: Path) -> dict:
+def read_problems(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

@@ -45,9 +45,9 @@ def _rows(tokenizer, prompts: Sequence[str], texts: Sequence[str], context: int 
 @torch.inference_mode()
 def _nats(model, rows: list[dict], chunk_tokens: int) -> list[float]:
     """Sum of the text tokens' negative log-likelihoods (nats) of each row, one forward per batch."""
-    from tandem_rlvr.evaluation.evaluate import _device, _LogitSource
+    from tandem_rlvr.evaluation.evaluate import LogitSource, model_device
 
-    device = _device(model)
+    device = model_device(model)
     width = max(1, max(len(r["ids"]) for r in rows))
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
@@ -66,7 +66,7 @@ def _nats(model, rows: list[dict], chunk_tokens: int) -> list[float]:
     if not rows_N:
         return out.tolist()
     rows_N, cols_N = torch.tensor(rows_N), torch.tensor(cols_N)
-    src = _LogitSource(model, ids.to(device), mask.to(device), pos.to(device))
+    src = LogitSource(model, ids.to(device), mask.to(device), pos.to(device))
     for c in range(0, rows_N.numel(), chunk_tokens):
         r_n, c_n = rows_N[c:c + chunk_tokens], cols_N[c:c + chunk_tokens]
         logits = src.logits(r_n.to(device), (c_n - 1).to(device)).float()

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem_rlvr.training import core
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
-from tandem_rlvr.engines.rollout import Rollout
+from tandem_rlvr.engines.types import Rollout
 
 
 @dataclass(frozen=True)
@@ -60,30 +59,3 @@ def check_senior_frac(frac: float, cfg: Config) -> None:
             f"senior token fraction {frac:.3f} is outside algo.senior_frac_band [{lo:.2f}, {hi:.2f}] "
             f"(handoff.schedule={cfg.handoff.schedule}, p={cfg.handoff.p}); the handoff is not doing what the config says"
         )
-
-
-def sequence_logps(model, rollout: Rollout, temperature: float, micro: int = 0, rows=None) -> torch.Tensor:
-    """Log-probs of the response tokens under ``model`` (one forward over prompt + response)."""
-    rows = torch.arange(rollout.batch_size) if rows is None else rows
-    out = []
-    step = micro or len(rows)
-    for i in range(0, len(rows), step):
-        out.append(_forward_logps(model, rollout, rows[i:i + step], temperature))
-    return torch.cat(out)
-
-
-def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: float) -> torch.Tensor:
-    from tandem_rlvr.engines.rollout import gqa_attention
-
-    p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows]
-    r_ids, r_mask = rollout.response_ids_BT[rows], rollout.response_mask_BT[rows]
-    ids = torch.cat([p_ids, r_ids], 1)
-    mask = torch.cat([p_mask.long(), r_mask.long()], 1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    T = r_ids.shape[1]
-    inner = getattr(model, "module", model)  # DDP wraps the module; the attention switch lives on its config
-    with gqa_attention(inner):
-        # only the T+1 last positions' logits: the LM head never runs over the prompt
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                       logits_to_keep=T + 1).logits
-    return core.token_logps(logits[:, :-1], r_ids, temperature=temperature)

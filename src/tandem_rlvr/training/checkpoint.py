@@ -126,7 +126,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimiz
         kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
         raise integrity.disk_full(e, tmp, needed, f"checkpoint step-{step}", kept + ", nothing half-written was left") from e
     publish_dir(tmp, final)
-    _prune(ckpt_root, keep_last)
+    prune(ckpt_root, keep_last)
     return final
 
 
@@ -144,7 +144,7 @@ def _tensor_bytes(*states) -> int:
     return total
 
 
-def _prune(ckpt_root: Path, keep_last: int) -> None:
+def prune(ckpt_root: Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` complete checkpoints. Each is first renamed to ``.trash-*``
     (atomic), so a kill in the middle of deleting leaves a ``.trash-*`` folder, never a half-deleted
     ``step-N`` that no longer counts as complete and would be kept for ever; ``.tmp-*`` and ``.trash-*``

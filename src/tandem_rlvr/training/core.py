@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from tandem_rlvr.engines.types import token_logps  # the chosen tokens' log-probs: shared with the engines
 from tandem_rlvr.names import LOSS_TYPES, TOKEN_MEAN_LOSSES
 
 Tensor = torch.Tensor
@@ -103,30 +104,6 @@ def group_advantages(
     stats = torch.stack([zero_std.float().mean(), rewards.mean(), rewards.std()]).tolist()
     metrics = {"train/frac_zero_std_groups": stats[0], "reward/mean": stats[1], "reward/std": stats[2]}
     return adv_GN.reshape(-1), metrics
-
-
-def token_logps(logits_BTV: Tensor, ids_BT: Tensor, temperature: float = 1.0) -> Tensor:
-    """Log-probability of each chosen token: ``log softmax(z / tau)[id] = z[id] / tau - logsumexp(z / tau)``.
-
-    ``logits_BTV[b, t]`` must already be the logits that *predict* ``ids_BT[b, t]`` (i.e. shifted by one
-    w.r.t. the input). Computed one row at a time in float32, so no full ``B x T x V`` log-softmax (or
-    float32 copy of bf16 logits) is materialised at once.
-    """
-    if logits_BTV.dim() != 3 or ids_BT.shape != logits_BTV.shape[:2]:
-        raise ValueError(
-            f"logits_BTV {tuple(logits_BTV.shape)} and ids_BT {tuple(ids_BT.shape)} "
-            "must be (B, T, V) and (B, T)"
-        )
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    rows = []
-    for logits_TV, ids_T in zip(logits_BTV, ids_BT):
-        z_TV = logits_TV.float()
-        if temperature != 1.0:
-            z_TV = z_TV / temperature
-        picked_T = z_TV.gather(-1, ids_T.long().unsqueeze(-1)).squeeze(-1)
-        rows.append(picked_T - torch.logsumexp(z_TV, dim=-1))
-    return torch.stack(rows)
 
 
 def k3_kl(logps_BT: Tensor, ref_logps_BT: Tensor) -> Tensor:

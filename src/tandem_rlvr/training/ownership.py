@@ -2,7 +2,7 @@
 
 The trlvr loss trains only on senior tokens (``response_mask * owner``). A lost or wrong mask would
 silently turn the run into something else, so every step checks the mask against the schedule's own
-record of its decisions (see :class:`~tandem_rlvr.engines.rollout.Rollout`), and the decisions against
+record of its decisions (see :class:`~tandem_rlvr.engines.types.Rollout`), and the decisions against
 ``handoff.p``:
 
 1. **Mask vs. record.** Where the engine records ``turn_author_BT`` (the in-process engine and the
@@ -37,7 +37,7 @@ import torch
 
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.names import COIN_SCHEDULES
-from tandem_rlvr.engines.rollout import Rollout
+from tandem_rlvr.engines.types import Rollout
 
 FALSE_ALARM = 1e-6  # per step: the chance that a correct step fails the coin test
 

@@ -29,10 +29,11 @@ from tandem_rlvr.io import append_jsonl, atomic_write_json
 from tandem_rlvr.training.ownership import check_ownership
 from tandem_rlvr.trackers import flat_config
 from tandem_rlvr.rewards import import_reward
-from tandem_rlvr.training.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask, sequence_logps  # noqa: F401 (API)
+from tandem_rlvr.engines.scoring import sequence_logps  # noqa: F401 (API)
+from tandem_rlvr.training.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask  # noqa: F401 (API)
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.factory import training_engine
-from tandem_rlvr.engines.rollout import Rollout, Sampling, concat_rollouts
+from tandem_rlvr.engines.types import Rollout, Sampling, concat_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class Trainer:
         self._push_to_engine()
         if self.acc.is_main_process:  # a kill between publishing a checkpoint and pruning left extras
             rundir.truncate_metrics(self.run_dir, self.step)
-            ckpt_mod._prune(self.run_dir / "checkpoints", self.cfg.train.keep_last)
+            ckpt_mod.prune(self.run_dir / "checkpoints", self.cfg.train.keep_last)
         log.info("resumed from %s at step %d", self.resume_from, self.step)
 
     # -- one step -------------------------------------------------------------------------------

@@ -1,0 +1,49 @@
+"""Teacher-forced scoring of a :class:`~tandem_rlvr.engines.types.Rollout`: the one place that lays a
+batch's prompts and responses out for a forward pass (:func:`teacher_inputs`) and the one function that
+computes each response token's log-prob under a model (:func:`sequence_logps`). The trainer's old and
+new log-probs, the text bridge's scores and the evaluation's per-token scores all start here."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem_rlvr.engines.fastpath import gqa_attention
+from tandem_rlvr.engines.types import Rollout, token_logps
+
+__all__ = ["sequence_logps", "teacher_inputs"]
+
+
+def teacher_inputs(rollout: Rollout, rows: torch.Tensor | None = None, *, trim: bool = False):
+    """``(ids, mask, pos)`` of prompt + response for ``rows`` (all by default): left-padded prompts, then
+    the right-padded responses, positions counted over real tokens. ``trim`` drops the prompt columns
+    that are padding in every row and the response columns past the longest response (the evaluation's
+    layout; the trainer keeps the full width so log-probs line up with ``response_ids_BT``)."""
+    rows = torch.arange(rollout.batch_size) if rows is None else rows
+    p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows].long()
+    r_ids, r_mask = rollout.response_ids_BT[rows], rollout.response_mask_BT[rows].long()
+    if trim:
+        T = max(int(r_mask.sum(-1).max()), 1)
+        r_ids, r_mask = r_ids[:, :T], r_mask[:, :T]
+        first = int(p_mask.any(0).nonzero().min()) if bool(p_mask.any()) else 0
+        p_ids, p_mask = p_ids[:, first:], p_mask[:, first:]
+    ids, mask = torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1)
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def sequence_logps(model, rollout: Rollout, temperature: float, micro: int = 0, rows=None) -> torch.Tensor:
+    """Log-probs ``(len(rows), T)`` of the response tokens under ``model`` at ``temperature``: one forward
+    over prompt + response per ``micro`` rows (0: all at once), the LM head on the response positions only.
+    Padding positions hold the log-prob of the pad token (mask them with ``response_mask_BT``)."""
+    rows = torch.arange(rollout.batch_size) if rows is None else rows
+    step = micro or len(rows)
+    return torch.cat([_forward_logps(model, rollout, rows[i:i + step], temperature) for i in range(0, len(rows), step)])
+
+
+def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    ids, mask, pos = teacher_inputs(rollout, rows)
+    r_ids = rollout.response_ids_BT[rows]
+    inner = getattr(model, "module", model)  # DDP wraps the module; the attention switch lives on its config
+    with gqa_attention(inner):
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                       logits_to_keep=r_ids.shape[1] + 1).logits
+    return token_logps(logits[:, :-1], r_ids, temperature=temperature)
