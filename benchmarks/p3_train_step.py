@@ -86,7 +86,7 @@ def main() -> None:
     from tandem_rlvr.config import load_config
     from tandem_rlvr.training.core import group_advantages
     from tandem_rlvr.models import Pair
-    from tandem_rlvr.training.trainer import Trainer, sequence_logps
+    from tandem_rlvr.training.trainer import Trainer, make_trainer, sequence_logps
 
     tok = C.tokenizer()
     V, G = len(tok), args.group
@@ -111,7 +111,7 @@ def main() -> None:
             "algo.loss_type=grpo", "algo.clip_eps=0.2", "algo.max_grad_norm=1.0", f"rollout.temperature={temp}",
             f"rollout.max_new_tokens={T}", f"train.out_dir={tmp / 'ours'}", "train.save_every=0", "train.progress=false",
         ])
-        ours_tr = Trainer(cfg, pair=Pair(copy.deepcopy(base).train(), copy.deepcopy(base).eval(), tok),
+        ours_tr = make_trainer(cfg, pair=Pair(copy.deepcopy(base).train(), copy.deepcopy(base).eval(), tok),
                           reward_fn=lambda c, g: 0.0, examples=[_Ex(str(i), f"What is {i} plus 1?", str(i + 1)) for i in range(4)])
         rows = torch.arange(B)
 
@@ -122,7 +122,7 @@ def main() -> None:
         import tandem_rlvr.training.trainer as trainer_mod
         from tandem_rlvr.engines.rollout import gqa_attention
 
-        prop_tr = Trainer(cfg, pair=Pair(copy.deepcopy(base).train(), copy.deepcopy(base).eval(), tok),
+        prop_tr = make_trainer(cfg, pair=Pair(copy.deepcopy(base).train(), copy.deepcopy(base).eval(), tok),
                           reward_fn=lambda c, g: 0.0, examples=[_Ex("0", "What is 1 plus 1?", "2")])
 
         def proposed():

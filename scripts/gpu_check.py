@@ -166,13 +166,13 @@ def run_arm(args, arm: str, model: str, out: Path, engine: str = "hf") -> dict:
     """Run ``args.steps`` steps of one arm on one rollout engine; return its timing summary."""
     import torch
 
-    from tandem_rlvr.training.trainer import Trainer
+    from tandem_rlvr.training.trainer import make_trainer
 
     cfg = make_config(args, arm, model, out, engine)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, examples=synthetic_examples(max(64, args.prompts * args.steps)),
+    trainer = make_trainer(cfg, examples=synthetic_examples(max(64, args.prompts * args.steps)),
                       reward_fn=_boxed_exact, restart=True)
     load_s = time.perf_counter() - t0
     rows = []

@@ -311,7 +311,7 @@ EX = [data_mod.Example(str(i), f"What is {i} plus 1?", str(i + 1)) for i in rang
 
 
 def _one_step(tmp_path, tokenizer, eos_bias, *extra):
-    from tandem_rlvr.training.trainer import Trainer
+    from tandem_rlvr.training.trainer import make_trainer
 
     cfg = load_config(None, ["model.senior=u", "model.junior=u", "algo.arm=grpo", "train.steps=1",
                              "train.prompts_per_step=2", "algo.group_size=2", "algo.mini_batch_prompts=2",
@@ -319,7 +319,7 @@ def _one_step(tmp_path, tokenizer, eos_bias, *extra):
                              "train.progress=false", "data.reward=math", "data.reward_workers=1", *extra])
     senior = bias_token(make_tiny_model(len(tokenizer), 0), tokenizer.eos_token_id, eos_bias)
     junior = freeze(bias_token(make_tiny_model(len(tokenizer), 1), tokenizer.eos_token_id, eos_bias))
-    tr = Trainer(cfg, pair=Pair(senior, junior, tokenizer), examples=EX)
+    tr = make_trainer(cfg, pair=Pair(senior, junior, tokenizer), examples=EX)
     with tr._scorer() as scorer:
         tr.scorer = scorer
         return tr.train_step(0)
@@ -345,7 +345,7 @@ def test_no_eos_truncates_at_the_budget_and_reports_unfinished(tmp_path, tokeniz
 
 
 def test_non_finite_user_reward_is_a_clear_error(tmp_path, tokenizer):
-    from tandem_rlvr.training.trainer import TandemError, Trainer
+    from tandem_rlvr.training.trainer import TandemError, make_trainer
 
     cfg = load_config(None, ["model.senior=u", "model.junior=u", "algo.arm=grpo", "train.prompts_per_step=2",
                              "algo.group_size=2", "algo.mini_batch_prompts=2", "rollout.max_new_tokens=4",
@@ -354,7 +354,7 @@ def test_non_finite_user_reward_is_a_clear_error(tmp_path, tokenizer):
     def nan_reward(completion, gold):
         return float("nan")
 
-    tr = Trainer(cfg, pair=Pair(make_tiny_model(len(tokenizer), 0), freeze(make_tiny_model(len(tokenizer), 1)),
+    tr = make_trainer(cfg, pair=Pair(make_tiny_model(len(tokenizer), 0), freeze(make_tiny_model(len(tokenizer), 1)),
                                 tokenizer), examples=EX, reward_fn=nan_reward)
     with pytest.raises(TandemError, match=r"reward function 'nan_reward' returned a non-finite reward for 4 of 4"):
         tr.train_step(0)

@@ -7,7 +7,7 @@ import torch
 
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.models import ModelLoadError, Pair, freeze, load_pair
-from tandem_rlvr.training.trainer import Trainer
+from tandem_rlvr.training.trainer import make_trainer
 from conftest import CORPUS, bias_token, make_tiny_model
 from test_bridge import GLUE_NL
 from test_trainer import EXAMPLES, length_reward
@@ -52,7 +52,7 @@ def test_trlvr_trains_through_the_bridge(tmp_path, model_dirs, other_junior_dir)
     bias_token(pair.junior, jnl, 4.0)
     junior_before = copy.deepcopy(pair.junior.state_dict())
     senior_before = copy.deepcopy(pair.senior.state_dict())
-    tr = Trainer(cfg, pair=pair, reward_fn=length_reward, examples=EXAMPLES)
+    tr = make_trainer(cfg, pair=pair, reward_fn=length_reward, examples=EXAMPLES)
     rollout, _ = tr.rollout(0)
     owned = rollout.owner_BT[rollout.response_mask_BT.bool()]
     assert (owned == 0).any() and (owned == 1).any(), "both authors should write"

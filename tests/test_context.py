@@ -125,12 +125,12 @@ def test_a_budget_past_the_models_context_is_refused_before_any_weights_load(tmp
 
 def test_prompts_that_cannot_fit_are_skipped_and_counted(tmp_path, short_model, caplog):
     from tandem_rlvr.config import load_config
-    from tandem_rlvr.training.trainer import Trainer
+    from tandem_rlvr.training.trainer import make_trainer
 
     long_problem = "What is " + " plus ".join(str(i % 10) for i in range(150)) + "?"
     cfg = load_config(_write(tmp_path, short_model, PROBLEMS[:6] + [long_problem] * 2, max_new_tokens=200), [])
     with caplog.at_level(logging.WARNING):
-        tr = Trainer(cfg)
+        tr = make_trainer(cfg)
     assert len(tr.prompts) == 6 and tr.context.skipped == 2
     assert max(len(p) for p in tr.prompts) + 200 <= 512 and tr.context.engine_len <= 512
     assert "skipped 2 of 8 prompts" in caplog.text

@@ -5,7 +5,7 @@ import torch
 
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import AdapterOff, load_causal_lm, load_pair
-from tandem_rlvr.training.trainer import Trainer
+from tandem_rlvr.training.trainer import make_trainer
 from test_trainer import EXAMPLES, length_reward
 
 
@@ -34,7 +34,7 @@ def test_self_paired_lora_junior_is_the_untouched_base(tmp_path, model_dirs):
     base_params = {n: p.detach().clone() for n, p in pair.senior.named_parameters() if "lora_" not in n}
     lora_before = {n: p.detach().clone() for n, p in pair.senior.named_parameters() if "lora_" in n}
     assert lora_before and all(not p.requires_grad for n, p in pair.senior.named_parameters() if "lora_" not in n)
-    tr = Trainer(cfg, pair=pair, reward_fn=length_reward, examples=EXAMPLES)
+    tr = make_trainer(cfg, pair=pair, reward_fn=length_reward, examples=EXAMPLES)
     final = tr.train()
     after = dict(pair.senior.named_parameters())
     assert all(torch.equal(base_params[n], after[n]) for n in base_params), "base weights changed"

@@ -137,11 +137,11 @@ def test_fsdp_run_resumes_from_its_gathered_checkpoint_and_validates(tmp_path, m
 def test_fsdp_on_one_process_is_refused(tmp_path, model_dirs):
     from tandem_rlvr.config import load_config
     from tandem_rlvr.errors import TandemError
-    from tandem_rlvr.training.trainer import Trainer
+    from tandem_rlvr.training.trainer import make_trainer
 
     cfg = load_config(write_config(tmp_path, model_dirs, fsdp="full"))
     with pytest.raises(TandemError, match="train.fsdp=full shards the senior over processes, but this is one process"):
-        Trainer(cfg)
+        make_trainer(cfg)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")

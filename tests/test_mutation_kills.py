@@ -73,14 +73,14 @@ def _one_step(tmp_path, tokenizer, parts, *over, spy=None):
 
     from tandem_rlvr.config import load_config
     from tandem_rlvr.models import Pair
-    from tandem_rlvr.training.trainer import Trainer
+    from tandem_rlvr.training.trainer import make_trainer
 
     examples = [SimpleNamespace(id=str(i), problem=f"What is {i} plus 1?", answer=str(i + 1)) for i in range(4)]
     cfg = load_config(None, ["algo.arm=trlvr", "model.senior=unused", "model.junior=unused", "train.steps=1",
                              "train.prompts_per_step=4", "algo.group_size=4", "algo.mini_batch_prompts=4",
                              "rollout.max_new_tokens=12", f"train.out_dir={tmp_path}", "algo.lr=1e-2",
                              "train.save_every=0", "train.progress=false", *over])
-    tr = Trainer(cfg, pair=Pair(copy.deepcopy(parts[0]), copy.deepcopy(parts[1]), tokenizer),
+    tr = make_trainer(cfg, pair=Pair(copy.deepcopy(parts[0]), copy.deepcopy(parts[1]), tokenizer),
                  reward_fn=lambda c, g: float(len(c) % 3 == 0), examples=examples)
     if spy is not None:
         spy(tr)
@@ -188,15 +188,17 @@ def test_coin_tolerance_by_hand():
 def test_the_senior_share_band_is_closed():
     from tandem_rlvr.config import load_config
     from tandem_rlvr.errors import TandemError
+    from tandem_rlvr.engines.handoff import Schedule
     from tandem_rlvr.training.arms import check_senior_frac
 
     cfg = load_config(None, ["algo.arm=trlvr", "model.senior=unused", "model.junior=unused",
                                  "algo.senior_frac_band=[0.25,0.75]"])
-    check_senior_frac(0.25, cfg)
-    check_senior_frac(0.75, cfg)
+    sched = Schedule("word", p=0.5)
+    check_senior_frac(0.25, cfg.senior_band(), sched)
+    check_senior_frac(0.75, cfg.senior_band(), sched)
     for frac in (0.2499, 0.7501):
         with pytest.raises(TandemError, match="outside algo.senior_frac_band"):
-            check_senior_frac(frac, cfg)
+            check_senior_frac(frac, cfg.senior_band(), sched)
 
 
 def test_k3_kl_checks_its_reference_shape():

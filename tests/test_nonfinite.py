@@ -16,7 +16,7 @@ from tandem_rlvr.training import core
 from tandem_rlvr.config import load_config
 from tandem_rlvr.data import Example
 from tandem_rlvr.models import Pair, freeze
-from tandem_rlvr.training.trainer import TandemError, Trainer
+from tandem_rlvr.training.trainer import TandemError, make_trainer
 
 # a skipped update means the LR scheduler steps without an optimizer step, which torch warns about
 pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")
@@ -43,7 +43,7 @@ def _cfg(tmp_path, *extra):
 
 def _trainer(cfg, tokenizer, base_models):
     s, j = base_models
-    return Trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
+    return make_trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
                    examples=EXAMPLES)
 
 

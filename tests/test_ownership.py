@@ -13,7 +13,8 @@ from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.models import Pair, freeze
 from tandem_rlvr.training.ownership import FALSE_ALARM, check_ownership, coin_tolerance, row_disagreements
 from tandem_rlvr.engines.types import Rollout
-from tandem_rlvr.training.trainer import Trainer
+from tandem_rlvr.engines.handoff import Schedule
+from tandem_rlvr.training.trainer import make_trainer
 from conftest import make_tiny_model
 from test_trainer import EXAMPLES, length_reward
 
@@ -29,7 +30,7 @@ def _trainer(tmp_path, tokenizer, models, *extra):
         "algo.group_size=4", "rollout.max_new_tokens=32", "handoff.schedule=word", "handoff.p=0.5", "train.seed=0",
         f"train.out_dir={tmp_path / 'run'}", "train.save_every=0", "train.progress=false", "algo.lr=1e-3", *extra])
     s, j = models
-    return Trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
+    return make_trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
                    examples=EXAMPLES)
 
 
@@ -92,9 +93,12 @@ def test_a_lost_mask_or_another_schedule_stops_the_run(tmp_path, tokenizer, mode
 
 @pytest.mark.parametrize("actual_p", [1.0, 0.0])
 def test_coins_that_ignore_p_stop_the_run(tmp_path, tokenizer, models, actual_p):
-    """A schedule whose coins all come up one way (mask and record agree) fails the coin test at once."""
+    """An engine whose coins all come up one way (mask and record agree) while the run's schedule says
+    p = 0.5 fails the coin test at once: the check reads p from the run's schedule, not the engine's."""
     tr = _trainer(tmp_path, tokenizer, models)
-    tr.schedule = make_schedule("word", tokenizer, p=actual_p)
+    assert tr.schedule.p == 0.5
+    wrong, generate_many = make_schedule("word", tokenizer, p=actual_p), tr.engine.generate_many
+    tr.engine.generate_many = lambda batches, schedule, sampling: generate_many(batches, wrong, sampling)
     with pytest.raises(TandemError, match="handoff coins chose the senior"):
         tr.train_step(0)
 
@@ -132,10 +136,10 @@ def _bridge_like(owner, coins, senior, mask=None):
 def test_bridge_rows_are_checked_against_their_turns():
     ok = _bridge_like([[1, 1, 0], [0, 0, 0], [1, 1, 1]], [2, 1, 2], [1, 0, 2])
     assert row_disagreements(ok) == 0
-    assert check_ownership(ok, "step", 0.5, budget=3)["rollout/coins"] == 5
+    assert check_ownership(ok, Schedule("step", p=0.5), budget=3)["rollout/coins"] == 5
     all_senior = _bridge_like([[1, 1, 1]] * 3, [2, 1, 2], [1, 0, 2])
     with pytest.raises(TandemError, match="per-row check"):
-        check_ownership(all_senior, "step", 0.5, budget=3)
+        check_ownership(all_senior, Schedule("step", p=0.5), budget=3)
     all_junior = _bridge_like([[0, 0, 0]] * 3, [2, 1, 2], [1, 0, 2])
     assert row_disagreements(all_junior) == 1
 
@@ -187,17 +191,17 @@ def test_coin_check_boundaries(tmp_path):
     the bound N is rows x budget (a share just inside it passes, one beyond it stops)."""
     bern = lambda own: _recorded(own, own, "bernoulli")  # noqa: E731 - a decision before every token
     with pytest.raises(TandemError, match="1 of 1 handoff coins chose the senior"):
-        check_ownership(bern([[1]]), "bernoulli", 0.0, budget=1)
+        check_ownership(bern([[1]]), Schedule("bernoulli", p=0.0), budget=1)
     with pytest.raises(TandemError, match="39 of 40 handoff coins"):
-        check_ownership(bern([[1] * 20, [1] * 19 + [0]]), "bernoulli", 1.0, budget=20)
+        check_ownership(bern([[1] * 20, [1] * 19 + [0]]), Schedule("bernoulli", p=1.0), budget=20)
     with pytest.raises(TandemError, match="1 of 40 handoff coins"):
-        check_ownership(bern([[0] * 20, [0] * 19 + [1]]), "bernoulli", 0.0, budget=20)
-    assert check_ownership(bern([[1] * 20] * 2), "bernoulli", 1.0, budget=20)["rollout/senior_coin_frac"] == 1.0
+        check_ownership(bern([[0] * 20, [0] * 19 + [1]]), Schedule("bernoulli", p=0.0), budget=20)
+    assert check_ownership(bern([[1] * 20] * 2), Schedule("bernoulli", p=1.0), budget=20)["rollout/senior_coin_frac"] == 1.0
     rows = [[1] * 25, [1] * 25, [1] * 25, [1] * 6 + [0] * 19]  # 81 of 100 coins: 0.31 from p = 0.5
-    assert check_ownership(bern(rows), "bernoulli", 0.5, budget=100)["rollout/coins"] == 100  # tol(100, N=400) = 0.320
+    assert check_ownership(bern(rows), Schedule("bernoulli", p=0.5), budget=100)["rollout/coins"] == 100  # tol(100, N=400) = 0.320
     with pytest.raises(TandemError, match="81 of 100"):
-        check_ownership(bern(rows), "bernoulli", 0.5, budget=25)  # N = 100: tol = 0.309
+        check_ownership(bern(rows), Schedule("bernoulli", p=0.5), budget=25)  # N = 100: tol = 0.309
     with pytest.raises(TandemError, match="at 1 tokens of this step"):
-        check_ownership(_recorded([[1, 0]], [[1, -1]], "word"), "word", 0.5, budget=2)
+        check_ownership(_recorded([[1, 0]], [[1, -1]], "word"), Schedule("word", p=0.5), budget=2)
     with pytest.raises(TandemError, match="at 1 rows \\(text bridge: per-row check\\)"):
-        check_ownership(_bridge_like([[1, 1]], [1], [0]), "step", 0.5, budget=2)
+        check_ownership(_bridge_like([[1, 1]], [1], [0]), Schedule("step", p=0.5), budget=2)

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from conftest import make_tiny_model
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import Pair, freeze
-from tandem_rlvr.training.trainer import Trainer
+from tandem_rlvr.training.trainer import Trainer, make_trainer
 from test_trainer_invariants import EXAMPLES, spread_reward
 
 STEPS, SAVE_EVERY, CRASH_AT = 4, 2, 3  # checkpoint at step 2; the crash comes in step 4 (index 3), after row 3
@@ -40,7 +40,7 @@ def _trainer(out_dir, tokenizer, models):
                              "rollout.max_new_tokens=12", f"train.out_dir={out_dir}", "algo.lr=1e-3",
                              f"train.save_every={SAVE_EVERY}", "train.keep_last=3", "train.progress=false"])
     s, j = models
-    return Trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=spread_reward,
+    return make_trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=spread_reward,
                    examples=EXAMPLES)
 
 

@@ -111,7 +111,7 @@ EXAMPLES = [Example(str(i), f"What is {i} plus 1?", str(i + 1)) for i in range(4
 
 def _run(tmp_path, tokenizer, lora: bool):
     from tandem_rlvr.models import AdapterOff, _apply_lora
-    from tandem_rlvr.training.trainer import Trainer
+    from tandem_rlvr.training.trainer import make_trainer
 
     extra = ["model.self_paired=true", "model.junior=null", "model.lora_r=4"] if lora else []
     cfg = load_config(None, ["model.senior=unused", "model.junior=unused", "algo.arm=grpo", "train.steps=1",
@@ -124,7 +124,7 @@ def _run(tmp_path, tokenizer, lora: bool):
         pair = Pair(senior, AdapterOff(senior), tokenizer, lora=True)
     else:
         pair = Pair(senior, freeze(copy.deepcopy(senior)), tokenizer)
-    return Trainer(cfg, pair=pair, examples=EXAMPLES, reward_fn=lambda c, g: float(len(c) % 2)).train().parent
+    return make_trainer(cfg, pair=pair, examples=EXAMPLES, reward_fn=lambda c, g: float(len(c) % 2)).train().parent
 
 
 @pytest.mark.parametrize("lora", [False, True])

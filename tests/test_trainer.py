@@ -13,7 +13,8 @@ from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.models import Pair, freeze
 from tandem_rlvr.engines.rollout import generate
 from tandem_rlvr.engines.types import Sampling
-from tandem_rlvr.training.trainer import ArmPlan, TandemError, Trainer, loss_mask, sequence_logps
+from tandem_rlvr.training.arms import ArmPlan
+from tandem_rlvr.training.trainer import TandemError, Trainer, make_trainer, loss_mask, sequence_logps
 from conftest import make_tiny_model
 
 
@@ -49,7 +50,7 @@ def _cfg(tmp_path, arm="trlvr", *extra):
 
 def _trainer(cfg, tokenizer, base_models):
     s, j = base_models
-    return Trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer),
+    return make_trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer),
                    reward_fn=length_reward, examples=EXAMPLES)
 
 

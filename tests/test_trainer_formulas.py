@@ -8,7 +8,7 @@ from tandem_rlvr.training import core
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.models import Pair
 from tandem_rlvr.names import LOSS_TYPES
-from tandem_rlvr.training.trainer import Trainer
+from tandem_rlvr.training.trainer import Trainer, make_trainer
 
 
 def test_loss_types_are_one_list():
@@ -34,7 +34,7 @@ def test_chunk_weights_add_up_to_the_mini_batch(loss_type):
 
 def test_rewards_work_before_train(tmp_path, tokenizer, base_models):  # noqa: F811
     s, j = base_models
-    tr = Trainer(_cfg(tmp_path, "grpo", "data.reward=boxed_exact", "data.reward_workers=1"),
+    tr = make_trainer(_cfg(tmp_path, "grpo", "data.reward=boxed_exact", "data.reward_workers=1"),
                  pair=Pair(s, j, tokenizer), examples=EXAMPLES)
     idx = [0, 1]  # prompts 0 and 1: answers "1" and "2"
     vals, _ = tr.rewards(["so \\boxed{1}", "so \\boxed{3}"], idx)

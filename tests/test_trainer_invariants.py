@@ -27,7 +27,7 @@ from conftest import bias_token, make_tiny_model, module_scope_unless_mutating
 from tandem_rlvr.training import core
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import Pair, freeze
-from tandem_rlvr.training.trainer import Trainer
+from tandem_rlvr.training.trainer import Trainer, make_trainer
 
 PAPER = Path(__file__).resolve().parents[1] / "configs" / "paper"
 ARMS = ("trlvr", "grpo", "grpo_g16", "kl_reg")
@@ -121,7 +121,7 @@ def step(request, tmp_path_factory, tokenizer, models):
     name = request.param
     cfg = paper_cfg(name, tmp_path_factory.mktemp(name) / "run")
     s, j = models
-    tr = Trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=spread_reward,
+    tr = make_trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=spread_reward,
                  examples=EXAMPLES)
     before = copy.deepcopy(tr.acc.unwrap_model(tr.senior)).eval()
     mp = pytest.MonkeyPatch()

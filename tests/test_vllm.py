@@ -159,7 +159,7 @@ def test_a_512_position_model_trains_on_vllm_with_the_default_prompt_budget(tok,
 
     from tandem_rlvr.config import load_config
     from tandem_rlvr.engines import vllm_backend as vb
-    from tandem_rlvr.training.trainer import Trainer
+    from tandem_rlvr.training.trainer import make_trainer
 
     real_make = vb.make_llm  # the trainer's engines, with a small fixed KV cache (CPU memory shares add up)
     monkeypatch.setattr(vb, "make_llm", lambda path, **kw: real_make(path, **kw, kv_cache_memory_bytes=2**28,
@@ -184,7 +184,7 @@ def test_a_512_position_model_trains_on_vllm_with_the_default_prompt_budget(tok,
         "rollout.max_new_tokens=16", "rollout.temperature=1.0", f"train.out_dir={tmp_path / 'run'}",
         "train.save_every=0", "train.progress=false"])
     assert cfg.rollout.max_prompt_tokens == 1024
-    tr = Trainer(cfg, examples=[Ex(str(i), p, "7") for i, p in enumerate(PROBLEMS[:4])],
+    tr = make_trainer(cfg, examples=[Ex(str(i), p, "7") for i, p in enumerate(PROBLEMS[:4])],
                  reward_fn=lambda c, g: float(len(c) % 2))
     try:
         assert tr.context.engine_len == max(map(len, tr.prompts)) + 16 <= 512

@@ -217,7 +217,7 @@ def test_two_trlvr_steps_and_the_eval_word_curve_run_on_the_dual_engine(tok, pai
     from tandem_rlvr.config import load_config
     from tandem_rlvr.engines import vllm_backend as vb
     from tandem_rlvr.evaluation.evaluate import evaluate_pair
-    from tandem_rlvr.training.trainer import Trainer
+    from tandem_rlvr.training.trainer import make_trainer
 
     @dataclass(frozen=True)
     class Ex:
@@ -235,7 +235,7 @@ def test_two_trlvr_steps_and_the_eval_word_curve_run_on_the_dual_engine(tok, pai
         "algo.group_size=4", "algo.mini_batch_prompts=2", "rollout.max_new_tokens=24", "rollout.temperature=1.0",
         "algo.lr=1e-2", f"train.out_dir={tmp_path / 'run'}", "train.save_every=0", "train.progress=false"])
     examples = [Ex(str(i), p, "7") for i, p in enumerate(PROBLEMS[:4])]
-    tr = Trainer(cfg, examples=examples, reward_fn=lambda c, g: float(len(c) % 2))
+    tr = make_trainer(cfg, examples=examples, reward_fn=lambda c, g: float(len(c) % 2))
     assert isinstance(tr.engine, DualVLLMEngine)
     try:
         tr.train()

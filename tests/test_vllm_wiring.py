@@ -22,7 +22,7 @@ from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.engines.vllm_backend import VLLMEngine
 from tandem_rlvr.engines.vllm_dual import DualVLLMEngine
 from tandem_rlvr.models import Pair, freeze
-from tandem_rlvr.training.trainer import Trainer
+from tandem_rlvr.training.trainer import make_trainer
 
 NEAR_GREEDY = 1e-5  # the trainer needs temperature > 0; this close to 0 sampling is the argmax
 
@@ -126,7 +126,7 @@ def _cfg(tmp_path, arm, engine, *extra, temperature=NEAR_GREEDY):
 
 def _trainer(cfg, tokenizer, models, engine=None):
     s, j = models
-    return Trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
+    return make_trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
                    examples=EXAMPLES, vllm_engine=engine)
 
 

@@ -303,6 +303,7 @@ def _train_and_evaluate(ctx: _Context, job: tuple, progress: bool) -> tuple[list
     from functools import partial
 
     from tandem_rlvr.demo.val import DemoTrainer, senior_alone
+    from tandem_rlvr.training.build import build_run
     from tandem_rlvr.models import Pair
     from tandem_rlvr.rewards import RewardScorer
 
@@ -318,9 +319,9 @@ def _train_and_evaluate(ctx: _Context, job: tuple, progress: bool) -> tuple[list
             return None, metrics
         run_dir = Path(ctx.out) / "runs" / f"{run}-seed{seed}"
         cfg = train_config(run, seed, run_dir, plan, ctx.senior_dir, ctx.junior_dir, progress=progress, world=ctx.world)
-        tr = DemoTrainer(cfg, pair=Pair(copy.deepcopy(w["warm"]), w["junior"], w["tok"]), examples=w["train"],
-                         restart=True, text_metrics=partial(_jargon_metrics, world=ctx.world), val_examples=w["val"],
-                         scorer=scorer, val_n=plan.val_n, style_rate=rate)
+        parts = build_run(cfg, pair=Pair(copy.deepcopy(w["warm"]), w["junior"], w["tok"]), examples=w["train"],
+                          restart=True, text_metrics=partial(_jargon_metrics, world=ctx.world))
+        tr = DemoTrainer(cfg, parts, val_examples=w["val"], scorer=scorer, val_n=plan.val_n, style_rate=rate)
         tr.train()
         senior = tr.acc.unwrap_model(tr.senior).eval()
         metrics = _evaluate(senior, w["junior"], w["tok"], w["test"], plan, scorer, 1000 + seed,

@@ -57,8 +57,8 @@ def senior_alone(senior, junior, tok, examples, scorer, *, n: int, max_new_token
 class DemoTrainer(Trainer):
     """The library's trainer whose periodic validation (``val.every``) is :func:`senior_alone`."""
 
-    def __init__(self, cfg, *, val_examples, scorer, val_n: int, style_rate=None, **kw):
-        super().__init__(cfg, **kw)
+    def __init__(self, cfg, parts, *, val_examples, scorer, val_n: int, style_rate=None):
+        super().__init__(cfg, parts)
         self._val = (val_examples, scorer, val_n, style_rate)
 
     def validate(self) -> dict:

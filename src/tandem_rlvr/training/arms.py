@@ -9,6 +9,7 @@ import torch
 
 from tandem_rlvr.config import Config
 from tandem_rlvr.errors import TandemError
+from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.types import Rollout
 
 
@@ -48,14 +49,14 @@ def loss_mask(rollout: Rollout, plan: ArmPlan) -> torch.Tensor:
     return masked
 
 
-def check_senior_frac(frac: float, cfg: Config) -> None:
-    """Stop when a tandem step's senior token share leaves ``algo.senior_frac_band`` (when one is set)."""
-    band = cfg.senior_band()
+def check_senior_frac(frac: float, band: list | None, schedule: Schedule) -> None:
+    """Stop when a tandem step's senior token share leaves ``band`` (``algo.senior_frac_band``, when one is
+    set); ``schedule`` is the run's handoff schedule (named in the message)."""
     if band is None:
         return
     lo, hi = band
     if not lo <= frac <= hi:
         raise TandemError(
             f"senior token fraction {frac:.3f} is outside algo.senior_frac_band [{lo:.2f}, {hi:.2f}] "
-            f"(handoff.schedule={cfg.handoff.schedule}, p={cfg.handoff.p}); the handoff is not doing what the config says"
+            f"(handoff.schedule={schedule.name}, p={schedule.p}); the handoff is not doing what the config says"
         )

@@ -37,6 +37,7 @@ import torch
 
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.names import COIN_SCHEDULES
+from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.types import Rollout
 
 FALSE_ALARM = 1e-6  # per step: the chance that a correct step fails the coin test
@@ -84,18 +85,20 @@ def row_disagreements(rollout: Rollout) -> int:
     return int(bad.sum())
 
 
-def check_ownership(rollout: Rollout, schedule: str, p: float, budget: int,
+def check_ownership(rollout: Rollout, schedule: Schedule, budget: int,
                     reduce: Callable[[float], float] = float) -> dict:
-    """Stop the run when the ownership mask disagrees with the schedule's record; returns the coin metrics.
+    """Stop the run when the ownership mask disagrees with the record of ``schedule`` (the run's: its name and
+    its ``p``); returns the coin metrics.
 
     ``reduce`` sums a number over the processes (identity in one process); ``budget`` is
     ``rollout.max_new_tokens`` (for the bound on the number of coins).
     """
+    name, p = schedule.name, schedule.p
     if rollout.owner_BT is None:
         raise TandemError("the trlvr arm needs ownership records, but the rollout has none")
-    if rollout.schedule != schedule:
+    if rollout.schedule != name:
         raise TandemError(f"the rollout was written under handoff schedule {rollout.schedule!r}, "
-                          f"but the config says {schedule!r}; refusing to train on its ownership mask")
+                          f"but the run's schedule is {name!r}; refusing to train on its ownership mask")
     if rollout.turn_author_BT is not None:
         bad, what = token_disagreements(rollout), "tokens"
     elif rollout.decisions_B is not None:
@@ -106,8 +109,8 @@ def check_ownership(rollout: Rollout, schedule: str, p: float, budget: int,
     bad = reduce(float(bad))
     if bad:
         raise TandemError(f"the ownership mask disagrees with the handoff schedule's record of authors at {int(bad)} "
-                          f"{what} of this step (handoff.schedule={schedule}); refusing to train on it")
-    if schedule not in COIN_SCHEDULES:
+                          f"{what} of this step (handoff.schedule={name}); refusing to train on it")
+    if name not in COIN_SCHEDULES:
         return {}
     n = reduce(float(rollout.decisions_B.sum()))
     k = reduce(float(rollout.senior_decisions_B.sum()))

@@ -11,113 +11,49 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import random
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tandem_rlvr.training import checkpoint as ckpt_mod
-from tandem_rlvr import preflight
-from tandem_rlvr.context import engine_len
-from tandem_rlvr.training import core, dist, fsdp, preempt, rundir
 from tandem_rlvr.config import Config
-from tandem_rlvr.errors import TandemError
-from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.io import append_jsonl, atomic_write_json
-from tandem_rlvr.training.ownership import check_ownership
-from tandem_rlvr.trackers import flat_config
-from tandem_rlvr.rewards import import_reward
-from tandem_rlvr.engines.scoring import sequence_logps  # noqa: F401 (API)
-from tandem_rlvr.training.arms import ArmPlan, arm_plan, check_senior_frac, loss_mask  # noqa: F401 (API)
 from tandem_rlvr.engines.base import PromptBatch
-from tandem_rlvr.engines.factory import training_engine
+from tandem_rlvr.engines.scoring import sequence_logps
 from tandem_rlvr.engines.types import Rollout, Sampling, concat_rollouts
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.io import append_jsonl, atomic_write_json
+from tandem_rlvr.trackers import flat_config
+from tandem_rlvr.training import checkpoint as ckpt_mod
+from tandem_rlvr.training import core, dist, fsdp, preempt, rundir
+from tandem_rlvr.training.arms import arm_plan, check_senior_frac, loss_mask
+from tandem_rlvr.training.build import RunParts, build_run
+from tandem_rlvr.training.ownership import check_ownership
 
 log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Holds the models, optimiser and data of one run; :meth:`train` runs it to the end."""
+    """Runs one training run to the end (:meth:`train`) over the parts :func:`~tandem_rlvr.training.build.build_run`
+    made from the same config (:func:`make_trainer` does both)."""
 
-    def __init__(self, cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False,
-                 text_metrics=None, vllm_engine=None):
-        """``pair``/``examples`` override loading from the config; ``reward_fn(completion, gold)`` replaces the verifier
-        (in-process); ``text_metrics(texts) -> dict`` adds rollout metrics; ``vllm_engine`` replaces vLLM's engines."""
-        from accelerate import Accelerator
-
-        from tandem_rlvr.models import eos_ids, load_pair
-
+    def __init__(self, cfg: Config, parts: RunParts):
         self.cfg = cfg
         self.run_dir = Path(cfg.train.out_dir)
         self.plan = arm_plan(cfg)
-        preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
-        # Without an accelerator, cpu=True lets `accelerate launch` / torchrun run gloo DDP over CPU processes.
-        self.acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=str(self.run_dir),
-                               cpu=not torch.cuda.is_available(), kwargs_handlers=preempt.process_group_kwargs(cfg))
-        dist.check_supported(self.acc.distributed_type)
-        if cfg.train.fsdp != "off" and self.acc.num_processes < 2:
-            raise TandemError(f"train.fsdp={cfg.train.fsdp} shards the senior over processes, but this is one process: "
-                              "launch with accelerate launch --config_file configs/accelerate/ddp.yaml (or torchrun), "
-                              "or set train.fsdp=off")
-        self._prepare_run_dir_once(restart)
-        if cfg.mini_batch_prompts() % self.acc.num_processes:
-            raise TandemError(f"algo.mini_batch_prompts={cfg.mini_batch_prompts()} must be divisible by the "
-                              f"number of processes ({self.acc.num_processes}) so each owns whole prompt groups")
-        _seed_everything(cfg.train.seed)
-        self.pair = pair if pair is not None else load_pair(cfg.model)
-        self.tok = self.pair.tokenizer
-        self.eos = eos_ids(self.tok, self.pair.senior)
-        self.examples = examples if examples is not None else _load_train(cfg)
-        self.prompt_example, self.prompts, self.context = preflight.fit_pair_prompts(cfg, self.pair, self.examples)
-        self.bridge = self.pair.junior_tokenizer is not None
-        self.reward_fn = reward_fn if reward_fn is not None else import_reward(cfg.data.reward)
-        self.text_metrics = text_metrics
-        self.schedule = make_schedule(self.plan.schedule, self.tok, p=cfg.handoff.p, max_gap=cfg.handoff.max_gap,
-                                      chunk_size=cfg.handoff.chunk_size,
-                                      vocab_size=self.pair.senior.get_output_embeddings().weight.shape[0])
-        self.sharded = cfg.train.fsdp != "off"
-        if self.sharded:  # FSDP2 by hand (see tandem_rlvr.training.fsdp); the optimizer then sees the shards
-            self.pair.senior = fsdp.shard(self.pair.senior.to(self.acc.device), cfg.train.fsdp,
-                                          mixed_precision=str(self.acc.mixed_precision))
-        params = [p for p in self.pair.senior.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
-        warm = max(cfg.algo.warmup_steps, 0)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-        if self.sharded:
-            self.senior = self.pair.senior
-        else:
-            self.senior, self.opt = self.acc.prepare(self.pair.senior, self.opt)
-        self.junior = self.pair.junior
-        if hasattr(self.junior, "to"):
-            self.junior.to(self.acc.device)
-        self.engine = training_engine(cfg, self.pair, self.acc.unwrap_model(self.senior), self.schedule,
-                                      eos_token_ids=self.eos, num_processes=self.acc.num_processes,
-                                      vllm_engine=vllm_engine, max_model_len=engine_len(cfg, self.context))
-        self.engine.check(self.schedule)
+        self.acc, self.pair, self.senior, self.sharded = parts.acc, parts.pair, parts.senior, parts.sharded
+        self.opt, self.sched, self.schedule, self.engine = parts.opt, parts.lr_sched, parts.schedule, parts.engine
+        self.tok, self.junior, self.eos = parts.pair.tokenizer, parts.pair.junior, parts.eos
+        self.bridge = parts.pair.junior_tokenizer is not None
+        self.examples, self.prompts, self.prompt_example = parts.examples, parts.prompts, parts.prompt_example
+        self.context, self.reward_fn, self.text_metrics = parts.context, parts.reward_fn, parts.text_metrics
+        self.resume_from = parts.resume_from
         self.scorer = None
         self.step = 0
         self.nonfinite_run = 0
         self.best = {"val": None, "step": None}
 
     # -- run directory and resume -------------------------------------------------------------
-    def _prepare_run_dir_once(self, restart: bool) -> None:
-        """The main process prepares the run directory; every process learns the outcome."""
-        from accelerate.utils import broadcast_object_list
-
-        error = [None]
-        if self.acc.is_main_process:
-            try:
-                self.resume_from = rundir.prepare(self.run_dir, self.cfg, restart)
-            except TandemError as e:
-                error = [str(e)]
-        if self.acc.num_processes > 1:
-            broadcast_object_list(error)
-            self.resume_from = ckpt_mod.latest_checkpoint(self.run_dir)
-        if error[0] is not None:
-            raise TandemError(error[0])
-
     def _resume(self) -> None:
         if self.resume_from is None:
             if self.acc.is_main_process:
@@ -304,13 +240,13 @@ class Trainer:
         t1 = time.perf_counter()
         owned = {}
         if self.plan.mask_owner:  # fail closed on a lost or wrong ownership mask (tandem_rlvr.training.ownership)
-            owned = check_ownership(rollout, self.cfg.handoff.schedule, self.cfg.handoff.p, self.cfg.rollout.max_new_tokens,
+            owned = check_ownership(rollout, self.schedule, self.cfg.rollout.max_new_tokens,
                                     reduce=lambda v: dist.reduce_scalar(self.acc, v, "sum"))
         senior_tok = float((rollout.owner_BT * rollout.response_mask_BT).sum())
         frac = dist.reduce_scalar(self.acc, senior_tok, "sum") / max(
             1.0, dist.reduce_scalar(self.acc, float(rollout.response_mask_BT.sum()), "sum"))
         if self.plan.mask_owner:
-            check_senior_frac(frac, self.cfg)
+            check_senior_frac(frac, self.cfg.senior_band(), self.schedule)
         texts = rollout.texts(self.tok)
         rewards, rstats = self.rewards(texts, idx)
         if self.text_metrics is not None:
@@ -463,19 +399,6 @@ def _step_seed(seed: int, step: int) -> int:
     return (int(seed) * 1_000_003 + int(step) * 7919) % (2**31 - 1)
 
 
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _load_train(cfg: Config):
-    from tandem_rlvr.data import load_examples
-
-    return load_examples(cfg.data.train, cfg.data.train_split, problem_key=cfg.data.problem_key,
-                         answer_key=cfg.data.answer_key)
-
-
 def improves(best: float | None, value: float) -> bool:
     """Whether a validation ``value`` replaces the ``best`` so far (strictly better: ties keep the earlier step)."""
     return best is None or value > best
@@ -490,6 +413,12 @@ def best_step(rows, metric: str) -> tuple[int | None, float | None]:
     return step, best
 
 
+def make_trainer(cfg: Config, **kw) -> Trainer:
+    """A :class:`Trainer` over :func:`~tandem_rlvr.training.build.build_run` ``(cfg, **kw)`` (its keyword
+    arguments: ``pair``, ``examples``, ``reward_fn``, ``restart``, ``text_metrics``, ``vllm_engine``)."""
+    return Trainer(cfg, build_run(cfg, **kw))
+
+
 def train(cfg: Config, *, restart: bool = False, **kw) -> Path:
     """Train one run from a config; resumes from the newest checkpoint of ``train.out_dir``."""
-    return Trainer(cfg, restart=restart, **kw).train()
+    return make_trainer(cfg, restart=restart, **kw).train()

@@ -1,0 +1,159 @@
+"""Assembly of a training run: the one place that turns a :class:`~tandem_rlvr.config.Config` into the
+parts a run works with (accelerator, models, optimizer, handoff schedule, rollout engine, data, reward).
+
+:func:`build_run` makes them in the order they depend on each other (the run directory before anything
+is loaded, the schedule from the senior's vocabulary, FSDP sharding before the optimizer, the engine from
+the unwrapped senior) and returns a :class:`RunParts`; :class:`~tandem_rlvr.training.trainer.Trainer`
+receives the parts and makes nothing itself (:func:`~tandem_rlvr.training.trainer.make_trainer` does both).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tandem_rlvr import preflight
+from tandem_rlvr.config import Config
+from tandem_rlvr.context import engine_len
+from tandem_rlvr.engines.factory import training_engine
+from tandem_rlvr.engines.handoff import Schedule, make_schedule
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.rewards import import_reward
+from tandem_rlvr.training import checkpoint as ckpt_mod
+from tandem_rlvr.training import dist, fsdp, preempt, rundir
+from tandem_rlvr.training.arms import arm_plan
+
+__all__ = ["RunParts", "build_run", "run_schedule", "seed_everything"]
+
+
+@dataclass
+class RunParts:
+    """What a run is made of. ``senior`` is the trained model as the optimizer sees it (DDP-prepared, or
+    FSDP-sharded: ``sharded``); ``pair`` holds the frozen junior and the tokenizer(s); ``schedule`` is the
+    trlvr arm's handoff schedule (``none`` for the solo arms), the only copy of ``handoff.p`` the run
+    reads; ``prompts`` are the prompts that fit the context, ``prompt_example[i]`` the example of
+    prompt ``i``; ``reward_fn`` an in-process ``reward(completion, gold)`` or None (the config's verifier
+    in worker processes); ``resume_from`` the checkpoint to resume from (None: a fresh run)."""
+
+    acc: object
+    pair: object
+    senior: torch.nn.Module
+    sharded: bool
+    opt: torch.optim.Optimizer
+    lr_sched: torch.optim.lr_scheduler.LRScheduler
+    schedule: Schedule
+    engine: object
+    eos: list[int]
+    examples: list
+    prompts: list[list[int]]
+    prompt_example: list[int]
+    context: int
+    reward_fn: Callable | None
+    resume_from: Path | None
+    text_metrics: Callable | None = None
+
+
+def run_schedule(cfg: Config, tokenizer, vocab_size: int) -> Schedule:
+    """The handoff schedule of ``cfg``'s arm (trlvr: ``handoff.*``; grpo and kl_reg: ``none``)."""
+    h = cfg.handoff
+    return make_schedule(arm_plan(cfg).schedule, tokenizer, p=h.p, max_gap=h.max_gap, chunk_size=h.chunk_size,
+                         vocab_size=vocab_size)
+
+
+def build_run(cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False,
+              text_metrics=None, vllm_engine=None) -> RunParts:
+    """Every part of the run ``cfg`` describes. ``pair``/``examples`` replace loading from the config;
+    ``reward_fn(completion, gold)`` replaces the verifier (in-process); ``text_metrics(texts) -> dict``
+    adds rollout metrics; ``vllm_engine`` replaces vLLM's engines (tests); ``restart`` empties the run
+    directory instead of resuming from it."""
+    from tandem_rlvr.models import eos_ids, load_pair
+
+    preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
+    acc = _accelerator(cfg)
+    resume_from = _prepare_run_dir(acc, cfg, restart)
+    if cfg.mini_batch_prompts() % acc.num_processes:
+        raise TandemError(f"algo.mini_batch_prompts={cfg.mini_batch_prompts()} must be divisible by the "
+                          f"number of processes ({acc.num_processes}) so each owns whole prompt groups")
+    seed_everything(cfg.train.seed)
+    pair = pair if pair is not None else load_pair(cfg.model)
+    examples = examples if examples is not None else _load_train(cfg)
+    eos = eos_ids(pair.tokenizer, pair.senior)
+    prompt_example, prompts, context = preflight.fit_pair_prompts(cfg, pair, examples)
+    reward_fn = reward_fn if reward_fn is not None else import_reward(cfg.data.reward)
+    schedule = run_schedule(cfg, pair.tokenizer, pair.senior.get_output_embeddings().weight.shape[0])
+    senior, opt, lr_sched = _senior_and_optimizer(cfg, acc, pair)
+    if hasattr(pair.junior, "to"):
+        pair.junior.to(acc.device)
+    engine = training_engine(cfg, pair, acc.unwrap_model(senior), schedule, eos_token_ids=eos,
+                             num_processes=acc.num_processes, vllm_engine=vllm_engine,
+                             max_model_len=engine_len(cfg, context))
+    engine.check(schedule)
+    return RunParts(acc=acc, pair=pair, senior=senior, sharded=cfg.train.fsdp != "off", opt=opt, lr_sched=lr_sched,
+                    schedule=schedule, engine=engine, eos=eos, examples=examples, prompts=prompts,
+                    prompt_example=prompt_example, context=context, reward_fn=reward_fn, resume_from=resume_from, text_metrics=text_metrics)
+
+
+def _accelerator(cfg: Config):
+    """The run's accelerator; without a GPU, ``cpu=True`` lets accelerate/torchrun run gloo DDP over CPU processes."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=cfg.train.out_dir,
+                      cpu=not torch.cuda.is_available(), kwargs_handlers=preempt.process_group_kwargs(cfg))
+    dist.check_supported(acc.distributed_type)
+    if cfg.train.fsdp != "off" and acc.num_processes < 2:
+        raise TandemError(f"train.fsdp={cfg.train.fsdp} shards the senior over processes, but this is one process: "
+                          "launch with accelerate launch --config_file configs/accelerate/ddp.yaml (or torchrun), "
+                          "or set train.fsdp=off")
+    return acc
+
+
+def _prepare_run_dir(acc, cfg: Config, restart: bool) -> Path | None:
+    """The main process prepares the run directory; every process learns the outcome and the checkpoint
+    to resume from."""
+    from accelerate.utils import broadcast_object_list
+
+    run_dir, error, resume_from = Path(cfg.train.out_dir), [None], None
+    if acc.is_main_process:
+        try:
+            resume_from = rundir.prepare(run_dir, cfg, restart)
+        except TandemError as e:
+            error = [str(e)]
+    if acc.num_processes > 1:
+        broadcast_object_list(error)
+        resume_from = ckpt_mod.latest_checkpoint(run_dir)
+    if error[0] is not None:
+        raise TandemError(error[0])
+    return resume_from
+
+
+def _senior_and_optimizer(cfg: Config, acc, pair):
+    """The senior as trained (FSDP-sharded before the optimizer sees it, else DDP-prepared with it), AdamW
+    and the linear warm-up schedule."""
+    if cfg.train.fsdp != "off":  # FSDP2 by hand (see tandem_rlvr.training.fsdp); the optimizer then sees the shards
+        pair.senior = fsdp.shard(pair.senior.to(acc.device), cfg.train.fsdp, mixed_precision=str(acc.mixed_precision))
+    params = [p for p in pair.senior.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
+    warm = max(cfg.algo.warmup_steps, 0)
+    lr_sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    if cfg.train.fsdp != "off":
+        return pair.senior, opt, lr_sched
+    senior, opt = acc.prepare(pair.senior, opt)
+    return senior, opt, lr_sched
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _load_train(cfg: Config):
+    from tandem_rlvr.data import load_examples
+
+    return load_examples(cfg.data.train, cfg.data.train_split, problem_key=cfg.data.problem_key,
+                         answer_key=cfg.data.answer_key)
