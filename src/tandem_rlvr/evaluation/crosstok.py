@@ -34,11 +34,14 @@ from functools import partial
 
 import torch
 
+from tandem_rlvr.config import eval_default
 from tandem_rlvr.engines.bridge import make_side, tokenizers_differ
 from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.turns import Side, TurnRules, chains_to_rollout, encode_texts, run_turns, start_chains
 from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.evaluation import legibility as L
+
+HANDOFF_MAX_ROUNDS = eval_default("max_rounds")  # the step handoff's turn limit (tandem_rlvr.config.EvalOptions)
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +96,7 @@ def text_tandem(senior: Side, junior: Side, senior_prompts: Sequence[str], junio
 
 
 def bridge_handoff(senior: Side, junior: Side, senior_prompts: Sequence[str], junior_prompts: Sequence[str],
-                   sampling: Sampling, *, seed: int = 0, max_rounds: int | None = 150,
+                   sampling: Sampling, *, seed: int = 0, max_rounds: int | None = HANDOFF_MAX_ROUNDS,
                    contexts: tuple[int | None, int | None] = (None, None)) -> dict:
     """Step handoff (``alternate``: the senior writes the first step, then strict alternation) between two
     tokenizers (:func:`text_tandem`). The random draws are those of
@@ -215,8 +218,8 @@ def _cross_pair(senior, junior, s_tok, j_tok, examples, *, ks, max_rounds, conte
 
 
 def evaluate_any_pair(senior, junior, senior_tokenizer, junior_tokenizer, examples: Sequence, *,
-                      sink: Callable | None = None, keep_chains: bool = True, score_batch: int = 8,
-                      chunk_tokens: int = 1024, **kw) -> tuple[dict, list[dict]]:
+                      sink: Callable | None = None, keep_chains: bool = True, score_batch: int = L.SCORE_BATCH,
+                      chunk_tokens: int = L.CHUNK_TOKENS, **kw) -> tuple[dict, list[dict]]:
     """Evaluate one senior with one junior, with or without a shared vocabulary (see the module docstring).
 
     Keyword arguments are those of :func:`tandem_rlvr.evaluation.evaluate.evaluate_pair`. Every solo chain also

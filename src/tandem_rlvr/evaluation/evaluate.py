@@ -51,6 +51,8 @@ EVAL_MAX_NEW_TOKENS = eval_default("max_new_tokens")
 EVAL_CONTEXT = eval_default("context")
 MAX_ROUNDS = eval_default("max_rounds")
 CURVE_PS = tuple(eval_default("curve_ps"))
+EVAL_N, EVAL_SEED, EVAL_BATCH_SIZE = (eval_default(k) for k in ("n", "seed", "batch_size"))
+EVAL_CHUNK_TOKENS, EVAL_SCORE_BATCH = eval_default("chunk_tokens"), eval_default("score_batch")
 
 __all__ = [
     "CURVE_PS", "MAX_ROUNDS", "chain_scores", "drift_kl", "encode_prompts", "eval_sampling",
@@ -166,7 +168,7 @@ def _score_rows(senior, junior, rollout: Rollout, rows: torch.Tensor, chunk_toke
 
 
 @torch.inference_mode()
-def chain_scores(senior, junior, rollout: Rollout, *, chunk_tokens: int = 1024, score_batch: int = 8) -> dict:
+def chain_scores(senior, junior, rollout: Rollout, *, chunk_tokens: int = EVAL_CHUNK_TOKENS, score_batch: int = EVAL_SCORE_BATCH) -> dict:
     """Per-chain teacher-forced scores of ``rollout``'s responses after their prompts, at temperature 1.
 
     Returns float64 tensors over chains: ``junior_ce`` (mean nats per token), ``junior_top1``,
@@ -251,8 +253,8 @@ class _Job:
     eos: list[int]
     context: int | None
     labels: dict = field(default_factory=dict)
-    chunk_tokens: int = 1024
-    score_batch: int = 8
+    chunk_tokens: int = EVAL_CHUNK_TOKENS
+    score_batch: int = EVAL_SCORE_BATCH
     progress: bool = True
     sink: Callable | None = None
     keep_chains: bool = True
@@ -410,10 +412,10 @@ def make_job(senior, junior, tokenizer, examples, *, n, sampling, seed, reward_f
     return job, len(examples) - len(keep)
 
 
-def evaluate_pair(senior, junior, tokenizer, examples: Sequence, *, n: int = 8, sampling: Sampling | None = None,
-                  seed: int = 0, reward_fn: Callable | None = None, scorer=None, curve_ps: Sequence[float] | None = CURVE_PS,
-                  batch_size: int = 64, ks: Sequence[int] = M.DEFAULT_KS, max_rounds: int = MAX_ROUNDS,
-                  context: int | None = EVAL_CONTEXT, chunk_tokens: int = 1024, score_batch: int = 8,
+def evaluate_pair(senior, junior, tokenizer, examples: Sequence, *, n: int = EVAL_N, sampling: Sampling | None = None,
+                  seed: int = EVAL_SEED, reward_fn: Callable | None = None, scorer=None, curve_ps: Sequence[float] | None = CURVE_PS,
+                  batch_size: int = EVAL_BATCH_SIZE, ks: Sequence[int] = M.DEFAULT_KS, max_rounds: int = MAX_ROUNDS,
+                  context: int | None = EVAL_CONTEXT, chunk_tokens: int = EVAL_CHUNK_TOKENS, score_batch: int = EVAL_SCORE_BATCH,
                   labels: dict | None = None, progress: bool = True, sink: Callable | None = None,
                   keep_chains: bool = True, engine=None) -> tuple[dict, list[dict]]:
     """Evaluate one loaded senior with one loaded junior on ``examples`` (``Example(id, problem, answer)``).
@@ -453,8 +455,8 @@ def evaluate_pair(senior, junior, tokenizer, examples: Sequence, *, n: int = 8, 
     return out, job.chains
 
 
-def solo_eval(senior, tokenizer, examples: Sequence, *, n: int = 8, sampling: Sampling | None = None, seed: int = 0,
-              reward_fn: Callable | None = None, scorer=None, batch_size: int = 64, ks: Sequence[int] = M.DEFAULT_KS,
+def solo_eval(senior, tokenizer, examples: Sequence, *, n: int = EVAL_N, sampling: Sampling | None = None, seed: int = EVAL_SEED,
+              reward_fn: Callable | None = None, scorer=None, batch_size: int = EVAL_BATCH_SIZE, ks: Sequence[int] = M.DEFAULT_KS,
               context: int | None = EVAL_CONTEXT, max_prompt_tokens: int | None = None, labels: dict | None = None,
               progress: bool = False, engine=None, shard: tuple[int, int] = (0, 1)) -> tuple[dict, list[dict]]:
     """Solo accuracy only (no junior): ``solo_pass@k``, its s.e., length and finished fraction. ``engine``: the

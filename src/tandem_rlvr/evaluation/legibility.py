@@ -22,6 +22,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from tandem_rlvr.config import eval_default
+
+# the evaluation's scoring batch and chunk (documented once, in tandem_rlvr.config.EvalOptions)
+SCORE_BATCH, CHUNK_TOKENS = eval_default("score_batch"), eval_default("chunk_tokens")
+
 LN2 = math.log(2.0)
 
 __all__ = ["BpbSink", "bits_per_byte"]
@@ -77,7 +82,7 @@ def _nats(model, rows: list[dict], chunk_tokens: int) -> list[float]:
 
 
 def bits_per_byte(model, tokenizer, prompts: Sequence[str], texts: Sequence[str], *, context: int | None = None,
-                  batch: int = 8, chunk_tokens: int = 1024) -> list[dict]:
+                  batch: int = SCORE_BATCH, chunk_tokens: int = CHUNK_TOKENS) -> list[dict]:
     """Per text: ``bpb`` (NaN for an empty text), ``nats``, ``bytes``, ``n_tokens`` scored, ``truncated``.
 
     ``prompts`` are already rendered for ``model``'s tokenizer; ``context`` defaults to the model's
@@ -103,8 +108,8 @@ class BpbSink:
     Call :meth:`flush` at the end, then :meth:`summary` for ``junior_bpb`` and its counts.
     """
 
-    def __init__(self, junior, tokenizer, examples: Sequence, sink: Callable | None, *, batch: int = 8,
-                 chunk_tokens: int = 1024):
+    def __init__(self, junior, tokenizer, examples: Sequence, sink: Callable | None, *, batch: int = SCORE_BATCH,
+                 chunk_tokens: int = CHUNK_TOKENS):
         from tandem_rlvr.data import render_prompt
 
         self.junior, self.tok, self.sink, self.batch, self.chunk = junior, tokenizer, sink, batch, chunk_tokens
