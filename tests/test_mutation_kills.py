@@ -1,4 +1,4 @@
-"""Tests written to kill mutants that `make mutate` found surviving (docs/mutation.md): numbers and
+"""Tests written to kill mutants that `make mutate` found surviving (reports/mutation.md): numbers and
 invariants of the method's functions, checked against values computed here by hand."""
 
 import math

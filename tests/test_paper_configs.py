@@ -38,7 +38,7 @@ def test_paper_training_config_holds_the_method_values(name):
     m, a, r, t, d = cfg.model, cfg.algo, cfg.rollout, cfg.train, cfg.data
     assert (m.senior, m.junior, m.self_paired, m.lora_r) == ("Qwen/Qwen3-4B-Instruct-2507", None, True, 0)
     assert m.dtype == "float32", "fp32 master weights (lr 1e-6 steps vanish in bf16)"
-    assert m.junior_dtype == "bfloat16", "the frozen junior never steps: bf16 halves it (docs/scale_out.md memory)"
+    assert m.junior_dtype == "bfloat16", "the frozen junior never steps: bf16 halves it (docs/scale-out.md memory)"
     assert a.arm == {"grpo_g16": "grpo"}.get(name, name)
     assert a.group_size == (16 if name == "grpo_g16" else 8)
     assert (a.loss_type, a.normalize_std, a.clip_eps, a.clip_eps_high) == ("dapo", True, 0.2, None)
@@ -51,8 +51,8 @@ def test_paper_training_config_holds_the_method_values(name):
     assert (cfg.val.data, cfg.val.split) == ("deepscaler", "val") and cfg.val.every > 0
     assert (cfg.val.n, cfg.val.select) == (4, "pass@4"), "the authors kept the step of the best held-out pass@4"
     assert t.out_dir == f"runs/paper/{name}"
-    assert t.fsdp == "full"  # a 4B full fine-tune in fp32 fits two 80 GB GPUs only sharded (docs/scale_out.md)
-    # rollouts on vLLM (one engine per GPU; the dual engine for trlvr), sized for two 80 GB GPUs (docs/scale_out.md)
+    assert t.fsdp == "full"  # a 4B full fine-tune in fp32 fits two 80 GB GPUs only sharded (docs/scale-out.md)
+    # rollouts on vLLM (one engine per GPU; the dual engine for trlvr), sized for two 80 GB GPUs (docs/scale-out.md)
     assert (r.engine, r.vllm_dtype, r.vllm_memory, r.vllm_sleep, r.batch_size) == ("vllm", "bfloat16", 0.5, "weights", 16)
     assert a.micro_batch == 1
     if name == "trlvr":

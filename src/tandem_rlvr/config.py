@@ -106,7 +106,7 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    train: str = _f("deepscaler", "Training data: a benchmark name (see README), world/train, or a local JSONL/JSON/CSV/parquet file.")
+    train: str = _f("deepscaler", "Training data: a benchmark name (docs/rewards-and-data.md), world/train, or a local JSONL/JSON/CSV/parquet file.")
     train_split: str | None = _f(None, "Split of a named benchmark (default: its training split).")
     problem_key: str = _f("problem", "Problem column of a local file.")
     answer_key: str = _f("answer", "Answer column of a local file.")

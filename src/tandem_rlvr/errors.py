@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-# Exit codes of `tandem-rlvr train` (README, "Resuming and failures"): 0 done, 2 a problem you fix
+# Exit codes of `tandem-rlvr train` (docs/faults.md): 0 done, 2 a problem you fix
 # (config, data, disk full), 75 a peer process vanished, 124 the watchdog stopped a hung step,
 # train.preempt_exit_code (143) preempted by a signal after writing a checkpoint.
 EXIT_USER, EXIT_PEER_LOST, EXIT_HUNG = 2, 75, 124

@@ -28,7 +28,7 @@ def check_supported(distributed_type) -> None:
         raise TandemError(f"accelerate distributed type {name} is not supported: the trainer shards the senior "
                           "itself. Launch with configs/accelerate/ddp.yaml and set train.fsdp=full (parameters, "
                           "gradients and optimizer states sharded, like ZeRO-3) or train.fsdp=zero2 (gradients and "
-                          "optimizer states sharded, like ZeRO-2); see docs/scale_out.md")
+                          "optimizer states sharded, like ZeRO-2); see docs/scale-out.md")
 
 
 def reduce_scalar(acc, value: float, op: str) -> float:
