@@ -187,6 +187,18 @@ def _na_note(ax, names: Sequence[str]) -> None:
                 color="gray", va="bottom")
 
 
+def _finish(fig, ax, path, na: Sequence[str], xlabel: str, ylabel: str, title: str, *, legend: bool) -> Path:
+    """Label, grid and (with ``legend``) legend of a one-axes figure, then save it to ``path``."""
+    _na_note(ax, na)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend()
+    return save_figure(fig, path)
+
+
 def plot_handoff_curve(curves: Mapping[str, Mapping], path: str | Path, title: str = "Handoff-rate curve",
                        solo: Mapping[str, float] | None = None, na: Sequence[str] = ()) -> Path:
     """pass@1 (%) against P(senior) of word-level tandem, a line per senior (``{senior: {p: acc}}``)."""
@@ -196,14 +208,7 @@ def plot_handoff_curve(curves: Mapping[str, Mapping], path: str | Path, title: s
         ax.plot([float(p) for p in ps], [100.0 * curve[p] for p in ps], marker="o", label=name)
     for name, acc in (solo or {}).items():
         ax.axhline(100.0 * acc, linestyle=":", linewidth=1, color="gray")
-    _na_note(ax, na)
-    ax.set_xlabel("P(senior) per word handoff")
-    ax.set_ylabel("pass@1 (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if curves:
-        ax.legend()
-    return save_figure(fig, path)
+    return _finish(fig, ax, path, na, "P(senior) per word handoff", "pass@1 (%)", title, legend=bool(curves))
 
 
 def plot_ce_deciles(deciles: Mapping[str, Sequence[float]], path: str | Path,
@@ -213,14 +218,8 @@ def plot_ce_deciles(deciles: Mapping[str, Sequence[float]], path: str | Path,
     for name, vals in deciles.items():
         xs = [10 * i + 5 for i in range(len(vals))]
         ax.plot(xs, [v if v is not None else float("nan") for v in vals], marker="o", label=name)
-    _na_note(ax, na)
-    ax.set_xlabel("position in chain (% of its length, decile centre)")
-    ax.set_ylabel("junior CE (nats / token)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if deciles:
-        ax.legend()
-    return save_figure(fig, path)
+    return _finish(fig, ax, path, na, "position in chain (% of its length, decile centre)", "junior CE (nats / token)",
+                   title, legend=bool(deciles))
 
 
 def write_eval_report(out_dir: str | Path, results: Mapping[str, Mapping], settings: Mapping | None = None) -> list[Path]:
