@@ -42,10 +42,10 @@ SCOPE=(
   "tandem_rlvr.evaluation.metrics.x_pass_at_ks__mutmut_*"
   "tandem_rlvr.evaluation.evaluate.x_pass_metrics__mutmut_*"       # pass@k and tax of an evaluation
   "tandem_rlvr.evaluation.evaluate.x_tax_metrics__mutmut_*"
-  "tandem_rlvr.rewards.x${S}RewardScorer${S}_run_jobs__mutmut_*"  # the reward's time limit
-  "tandem_rlvr.rewards.x${S}RewardScorer${S}_collect__mutmut_*"
-  "tandem_rlvr.rewards.x${S}RewardScorer${S}_expire__mutmut_*"
-  "tandem_rlvr.rewards.x__check_limit__mutmut_*"
+  "tandem_rlvr.rewards.scorer.x${S}RewardScorer${S}_run_jobs__mutmut_*"  # the reward's time limit
+  "tandem_rlvr.rewards.scorer.x${S}RewardScorer${S}_collect__mutmut_*"
+  "tandem_rlvr.rewards.scorer.x${S}RewardScorer${S}_expire__mutmut_*"
+  "tandem_rlvr.rewards.scorer.x__check_limit__mutmut_*"
 )
 mode=${1:-full}
 case "$mode" in

@@ -46,7 +46,7 @@ def diff_of(name: str) -> str:
     os.chdir(ROOT)
     try:
         path = Path("src", *name.split(".x_")[0].split(".xǁ")[0].split(".")).with_suffix(".py")
-        if not (Path("mutants") / path).exists():  # a package: tandem_rlvr.rewards is rewards/__init__.py
+        if not (Path("mutants") / path).exists():  # a package: its __init__.py
             path = path.with_suffix("") / "__init__.py"
         lines = get_diff_for_mutant(name, path=path).splitlines()
     finally:

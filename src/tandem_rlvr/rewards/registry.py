@@ -1,0 +1,117 @@
+"""The reward functions by name, scored on one shared process-wide :class:`RewardScorer`, and user
+rewards by import path.
+
+``math_reward``, ``gsm8k_reward`` and ``boxed_exact_reward`` score one completion each on a scorer
+that this process starts at the first call (two workers; a new one after a fork) and closes at exit;
+:data:`REWARD_FNS` / :func:`get_reward_fn` name them, :func:`score_batch` scores a batch on the same
+pool and :func:`reward_totals` reads its counters. :func:`import_reward` loads a user reward
+``"package.module:function"``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.rewards.scorer import RewardScorer
+
+__all__ = [
+    "REWARD_FNS", "boxed_exact_reward", "get_reward_fn", "gsm8k_reward", "import_reward", "math_reward", "reward_totals",
+    "score_batch",
+]
+
+_DEFAULT: RewardScorer | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def _default_scorer() -> RewardScorer:
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None or _DEFAULT.closed or _DEFAULT.owner_pid != os.getpid():  # fork: not ours
+            _DEFAULT = RewardScorer("math", num_workers=2)
+        return _DEFAULT
+
+
+def _close_default() -> None:
+    if _DEFAULT is not None:
+        _DEFAULT.close()
+
+
+atexit.register(_close_default)
+
+
+def _score_one(kind: str, completion: Any, gold: Any, time_limit: float | None) -> float:
+    # no box etc. is decided in this process; only a real check makes a worker round-trip
+    rewards, _ = _default_scorer().score([completion], [gold], reward=kind, time_limit=time_limit)
+    return rewards[0]
+
+
+def math_reward(completion: Any, gold: Any, *, time_limit: float | None = None, **kwargs: Any) -> float:
+    """1.0 if the last boxed answer of ``completion`` is math-equivalent to ``gold``, else 0.0.
+
+    Equivalence is math-verify's (fractions, decimals, percentages, sets, intervals, ``x=3`` vs ``3``,
+    ``\\dfrac``, units, ``^\\circ``, LaTeX spacing). No box → 0. At most ``time_limit`` seconds
+    (default 2) per check from any thread or process; a timeout scores 0 and is counted in
+    :func:`reward_totals`. Extra keyword arguments (TRL passes prompts, ids, dataset columns) are
+    accepted and ignored. ``completion`` may also be a TRL conversational list of messages.
+    """
+    return _score_one("math", completion, gold, time_limit)
+
+
+def gsm8k_reward(completion: Any, gold: Any, *, time_limit: float | None = None, **kwargs: Any) -> float:
+    """GSM8K reward: gold after ``####`` (commas stripped) vs the last box, or, without a box, the
+    completion's last ``#### N`` line; compared with math-verify under the same time limit. Extra
+    keyword arguments are ignored."""
+    return _score_one("gsm8k", completion, gold, time_limit)
+
+
+def boxed_exact_reward(completion: Any, gold: Any, **kwargs: Any) -> float:
+    """1.0 if the last boxed answer equals ``gold`` (or gold's last box) as strings with all whitespace
+    removed; no math-verify, no worker. Extra keyword arguments are ignored."""
+    return _score_one("boxed_exact", completion, gold, None)
+
+
+REWARD_FNS: dict[str, Callable[..., float]] = {
+    "math": math_reward, "gsm8k": gsm8k_reward, "boxed_exact": boxed_exact_reward
+}
+
+
+def get_reward_fn(name: str) -> Callable[..., float]:
+    """The reward function registered under ``name`` ("math", "gsm8k", "boxed_exact")."""
+    try:
+        return REWARD_FNS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown reward {name!r}; valid: {', '.join(sorted(REWARD_FNS))}") from None
+
+
+def score_batch(
+    completions: Sequence[Any], golds: Sequence[Any], *, reward: str = "math", time_limit: float | None = None
+) -> tuple[list[float], dict[str, float]]:
+    """Score a batch on the shared process-wide pool; see :meth:`RewardScorer.score`."""
+    return _default_scorer().score(completions, golds, reward=reward, time_limit=time_limit)
+
+
+def reward_totals() -> dict[str, float]:
+    """Cumulative ``reward/...`` counters of the shared scorer (used by the single-call rewards)."""
+    return dict(_DEFAULT.totals) if _DEFAULT is not None else {}
+
+
+def import_reward(spec: str):
+    """A user reward ``"package.module:function"`` (a plain ``(completion, gold) -> float``), or None
+    for the built-in names, which are scored with a hard time limit in worker processes."""
+    if ":" not in spec:
+        return None
+    import importlib
+
+    mod_name, _, attr = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise TandemError(f"data.reward {spec!r} cannot be imported: {e}") from None
+    if not callable(fn):
+        raise TandemError(f"data.reward {spec!r} is not callable")
+    return fn
