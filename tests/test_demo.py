@@ -102,12 +102,12 @@ def _untimed(x):
 def test_demo_worker_count_is_checked_and_capped_by_the_jobs():
     import pytest
 
-    from tandem_rlvr.demo import _n_workers
+    from tandem_rlvr.demo.jobs import n_workers
     from tandem_rlvr.errors import TandemError
 
     with pytest.raises(TandemError, match="workers must be >= 1"):
-        _n_workers(0, 4)
-    assert _n_workers(8, 3) == 3 and _n_workers(2, 10) == 2 and _n_workers(None, 1) == 1
+        n_workers(0, 4)
+    assert n_workers(8, 3) == 3 and n_workers(2, 10) == 2 and n_workers(None, 1) == 1
 
 
 INJECTED = ("<script>document.body.setAttribute('data-pwned','script')</script></script>"

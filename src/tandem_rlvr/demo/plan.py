@@ -1,0 +1,99 @@
+"""The demo's plans (sizes of a ``quick`` or ``full`` run, per built-in world), its runs and the
+training config of one run.
+
+A demo trains the arms ``grpo``, ``trlvr`` and ``kl_reg`` (one run per β of the KL sweep) from the same
+warm start, same steps, per seed; :func:`train_config` is the config each run trains with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem_rlvr.config import load_config
+
+__all__ = ["ARMS", "FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "run_names",
+           "split_run", "style_rate", "train_config"]
+
+ARMS = ("grpo", "trlvr", "kl_reg")
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """Sizes of one demo run (``quick`` or ``full``)."""
+
+    seeds: int = 5
+    steps: int = 20
+    prompts_per_step: int = 8
+    group_size: int = 8
+    max_new_tokens: int = 112  # the longest plain solution of the test split (6 operations) is ~105 tokens
+    eval_problems: int = 48
+    eval_n: int = 4
+    curve_ps: tuple = (1.0, 0.75, 0.5, 0.25)
+    lr: float = 1e-4
+    kl_betas: tuple = (0.01, 0.1, 1.0)  # the kl_reg ablation's sweep, from too weak to too strong
+    val_every: int = 5  # senior-alone validation every this many steps (0: off)
+    val_problems: int = 16
+    val_n: int = 2
+    overrides: dict = field(default_factory=dict)
+
+
+FULL = DemoPlan()
+QUICK = DemoPlan(seeds=1, steps=6, prompts_per_step=8, group_size=4, eval_problems=16, eval_n=2,
+                 curve_ps=(1.0, 0.5), val_every=3, val_problems=8)
+# The shorthand world (``--world shorthand``, meant for ``--junior self``): the same arms and sizes, its own
+# token budget (``world.shorthand.BUDGET``: every shorthand solution fits it, no 7-8 op plain one does) and
+# learning rate (at 1e-4, 20 steps left the senior within 0.002 nats/token of its warm start; at 1e-3 GRPO
+# collapsed: README, "The shorthand world").
+SHORTHAND_FULL = DemoPlan(max_new_tokens=80, lr=3e-4)
+SHORTHAND_QUICK = DemoPlan(**{**QUICK.__dict__, "max_new_tokens": 80, "lr": 3e-4})
+PLANS = {"arith": (FULL, QUICK), "shorthand": (SHORTHAND_FULL, SHORTHAND_QUICK)}  # (full, --quick) per world
+SOURCES = {"arith": "world", "shorthand": "shorthand"}  # each world's data source: load_examples("<source>/<split>")
+
+
+def style_rate(world: str):
+    """The world's compressed-style detector over texts (the report's "jargon rate" row): the arithmetic
+    world's jargon, the shorthand world's shorthand."""
+    if world == "shorthand":
+        from tandem_rlvr.world.shorthand import shorthand_rate
+
+        return shorthand_rate
+    from tandem_rlvr.world.problems import jargon_rate
+
+    return jargon_rate
+
+
+def run_names(plan: DemoPlan) -> list[str]:
+    """The trained runs of one seed: ``grpo``, ``trlvr`` and ``kl_reg@β`` for every β of the sweep."""
+    return ["grpo", "trlvr", *(f"kl_reg@{float(b):g}" for b in plan.kl_betas)]
+
+
+def split_run(name: str) -> tuple[str, float]:
+    """``(arm, kl_beta)`` of a run name from :func:`run_names`."""
+    arm, _, beta = name.partition("@")
+    return arm, float(beta) if beta else 0.0
+
+
+def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir: str, junior_dir: str | None,
+                 progress: bool = True, world: str = "arith"):
+    """The demo's training config for one run (:func:`run_names`) and seed (the same for every run but
+    ``algo.arm`` and ``algo.kl_beta``)."""
+    arm, beta = split_run(run)
+    base = {
+        "model": {"senior": senior_dir, **({"junior": junior_dir} if junior_dir else {"self_paired": True})},
+        "algo": {"arm": arm, "group_size": plan.group_size, "loss_type": "grpo", "lr": plan.lr,
+                 "mini_batch_prompts": plan.prompts_per_step // 2, "kl_beta": beta},
+        "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},
+        "rollout": {"max_new_tokens": plan.max_new_tokens, "temperature": 0.6, "max_prompt_tokens": 256},
+        "train": {"steps": plan.steps, "prompts_per_step": plan.prompts_per_step, "save_every": 0,
+                  "seed": seed, "out_dir": str(out_dir), "progress": progress},
+        "data": {"train": f"{SOURCES[world]}/train", "reward": "math", "reward_workers": 1},
+        "val": {"data": f"{SOURCES[world]}/val", "every": plan.val_every, "n": plan.val_n, "limit": plan.val_problems},
+    }
+    for dotted, value in plan.overrides.items():
+        node = base
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return load_config(base=base)

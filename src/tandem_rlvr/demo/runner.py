@@ -1,0 +1,133 @@
+"""``tandem-rlvr demo``: the paper's experiment in the built-in arithmetic world, on a CPU.
+
+1. build (or load the cached) world: tokenizer, warm-started senior and weaker junior;
+2. train the arms ``grpo``, ``trlvr`` and ``kl_reg`` from the same warm start, same steps, per seed;
+3. evaluate the warm start and every trained senior with the full evaluation suite on the test split
+   (solo pass@k, step handoff, communication tax, junior CE / top-1, KL drift, handoff-rate curve)
+   plus the world's jargon rate;
+4. write ``results.json``, ``report.md`` (mean ± 95% interval over seeds, one verdict per claim) and
+   PNG plots (training curves; the four claims side by side).
+
+The plans are :mod:`tandem_rlvr.demo.plan`, the jobs and their processes :mod:`tandem_rlvr.demo.jobs`,
+the report :mod:`tandem_rlvr.demo.report`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from tandem_rlvr.demo.jobs import JobContext, n_workers, run_parallel, run_sequential
+from tandem_rlvr.demo.plan import PLANS, SOURCES, DemoPlan, run_names
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.io import atomic_write_json
+
+__all__ = ["run_demo"]
+
+log = logging.getLogger(__name__)
+
+
+def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: int | None = None,
+             force_world: bool = False, junior: str = "weak", plan: DemoPlan | None = None,
+             restart: bool = False, workers: int | None = None, world: str = "arith",
+             world_seed: int | None = None) -> dict:
+    """Run the whole demo; returns the results dict also written to ``out_dir/results.json``.
+
+    The warm start's evaluation and each (arm, seed) run are independent jobs; ``workers`` (default:
+    one per usable CPU, at most one per job) run them in parallel processes of one intra-op thread
+    each, with the same numbers as one process (every job seeds itself). An interrupted demo resumes:
+    evaluations already in ``out_dir/results.json`` (same plan, world and junior) are kept, the rest
+    is trained and evaluated (``restart``: all). ``world`` names the built-in world (``arith``, the default,
+    or ``shorthand``, see :mod:`tandem_rlvr.world.shorthand`); its plan (:data:`PLANS`) is the default;
+    ``world_seed`` builds it under another build seed (a robustness check; default: the shipped one)."""
+    from tandem_rlvr.demo.report import write_report
+    from tandem_rlvr.preflight import check_demo
+    from tandem_rlvr.world.build import build_world
+
+    check_demo(out_dir, junior=junior, seeds=seeds, workers=workers)  # before the world build and any training
+    if world not in PLANS:
+        raise TandemError(f"demo world must be one of {', '.join(PLANS)}, got {world!r}")
+
+    plan = plan or PLANS[world][1 if quick else 0]
+    if seeds is not None:
+        plan = DemoPlan(**{**plan.__dict__, "seeds": seeds})
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    paths = build_world(force=force_world, world=world, **({} if world_seed is None else {"seed": world_seed}))
+    jdir = str(paths.junior_dir) if junior == "weak" else None
+    results = {"plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.__dict__.items()}, "junior": junior,
+               "world": {"name": world, **({} if world_seed is None else {"seed": world_seed}), "senior": str(paths.senior_dir), "junior": str(paths.junior_dir),
+                         "build_s": time.perf_counter() - t0},
+               "warm_start": {}, "arms": {r: {} for r in run_names(plan)}, "curves": {r: {} for r in run_names(plan)},
+               "senior_alone_step0": {}}
+    results = _previous(out, results, restart)
+    _write_problems(out, plan, world)
+    todo = _pending(results, plan)
+    n = n_workers(workers, len(todo))
+    results["workers"] = n
+    ctx = JobContext(str(paths.senior_dir), jdir, plan, str(out.resolve()), world)
+    runner = run_parallel if n > 1 else run_sequential
+    for job, (curve, metrics) in runner(ctx, todo, n):
+        _store(results, job, curve, metrics)
+        atomic_write_json(out / "results.json", results)
+    if "total_s" not in results:  # a finished demo that was only re-reported keeps its own time
+        results["total_s"] = time.perf_counter() - t0
+    atomic_write_json(out / "results.json", results)
+    write_report(results, out)
+    log.info("demo finished in %.0f s; report: %s", results["total_s"], out / "report.md")
+    return results
+
+
+def _write_problems(out: Path, plan: DemoPlan, world: str = "arith") -> None:
+    """The evaluated test problems ``{id: text}`` for the HTML report's chain browser."""
+    from tandem_rlvr.data import load_examples
+
+    (out / "chains").mkdir(parents=True, exist_ok=True)
+    problems = {str(e.id): e.problem for e in load_examples(f"{SOURCES[world]}/test")[: plan.eval_problems]}
+    atomic_write_json(out / "chains" / "problems.json", problems)
+
+
+def _previous(out: Path, results: dict, restart: bool) -> dict:
+    """Results of an earlier run of the same plan, world and junior in ``out`` (so a killed demo resumes
+    after its last finished evaluation); ``results`` (empty) when there is none or ``restart``."""
+    path = out / "results.json"
+    if restart or not path.is_file():
+        return results
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        log.warning("ignoring unreadable %s (starting over)", path)
+        return results
+    same = (all(old.get(k) == results[k] for k in ("plan", "junior"))
+            and all(old.get("world", {}).get(k, "arith" if k == "name" else None) == results["world"][k] for k in ("senior", "name")))
+    if not same:
+        log.info("%s holds another plan, world or junior: starting over", path)
+        return results
+    log.info("resuming the demo in %s: its finished evaluations are kept (--restart recomputes them)", out)
+    keep = ("warm_start", "arms", "curves", "senior_alone_step0", "total_s")
+    return {**results, **{k: old[k] for k in keep if k in old}, "resumed": True}
+
+
+def _pending(results: dict, plan: DemoPlan) -> list[tuple[str | None, int]]:
+    """The jobs whose results are not in ``results`` yet: the warm start's evaluation, then (run, seed)."""
+    todo = [] if results["warm_start"] else [(None, 0)]
+    for seed in range(plan.seeds):
+        for run in run_names(plan):
+            if not (str(seed) in results["arms"][run] and str(seed) in results["curves"][run]):
+                todo.append((run, seed))
+    return todo
+
+
+def _store(results: dict, job: tuple, curve: list | None, metrics: dict) -> None:
+    """Put one finished job's curve and metrics into ``results`` (seeds in order)."""
+    arm, seed = job
+    if arm is None:
+        results["senior_alone_step0"] = metrics.pop("senior_alone", {})
+        results["warm_start"] = metrics
+        return
+    for key, value in (("curves", curve), ("arms", metrics)):
+        results[key][arm][str(seed)] = value
+        results[key][arm] = dict(sorted(results[key][arm].items(), key=lambda kv: int(kv[0])))
