@@ -304,7 +304,8 @@ def test_benchmark_rows_with_bad_answers_are_counted(monkeypatch, caplog):
 def test_world_source_is_a_registered_source(monkeypatch):
     from tandem_rlvr.world.problems import load_split
 
-    assert D._SOURCES["world"] is load_split, "importing tandem_rlvr registers the world"
+    assert D.BUILTIN_SOURCES["world"] == "tandem_rlvr.world.problems:load_split"
+    assert D._source("world") is load_split, "the built-in world needs no registration"
     fake = lambda name: [Example(f"{name}-{i}", f"{i}+{i}?", str(2 * i)) for i in range(5)]  # noqa: E731
     monkeypatch.setitem(D._SOURCES, "world", fake)
     assert load_examples("world/train", limit=2) == [Example("train-0", "0+0?", "0"), Example("train-1", "1+1?", "2")]
@@ -312,7 +313,7 @@ def test_world_source_is_a_registered_source(monkeypatch):
 
 
 def test_world_source_without_the_world(monkeypatch):
-    monkeypatch.delitem(D._SOURCES, "world")  # not registered: a clear error, never another source
+    monkeypatch.delitem(D.BUILTIN_SOURCES, "world")  # neither built in nor registered: a clear error, never another source
     with pytest.raises(DataError, match="world/train: no data source 'world' is registered"):
         load_examples("world/train")
     with pytest.raises(DataError, match="needs a split name"):
@@ -322,3 +323,18 @@ def test_world_source_without_the_world(monkeypatch):
 def test_module_constants():
     assert D.MAX_PROBLEM_CHARS == 100_000
     assert D.FILE_SUFFIXES == (".jsonl", ".json", ".parquet", ".csv")
+
+
+def test_the_builtin_worlds_load_without_importing_the_world_first(tmp_path):
+    """``import tandem_rlvr`` imports no subpackage; ``world/<split>`` and ``shorthand/<split>`` are found
+    by name (:data:`tandem_rlvr.data.BUILTIN_SOURCES`) in a process that imported only the data module."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import tandem_rlvr, tandem_rlvr.data as D\n"
+            "assert not [m for m in sys.modules if m.startswith('tandem_rlvr.world')], 'the root imported the world'\n"
+            "w, s = D.load_examples('world/test', limit=2), D.load_examples('shorthand/test', limit=2)\n"
+            "print(w[0].id, s[0].id)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["arith-test-00000", "short-test-00000"]

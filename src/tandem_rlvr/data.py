@@ -10,6 +10,7 @@ file, bad encoding or syntax, missing column, no usable row, unknown name, unrea
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import logging
 from collections import Counter
@@ -403,21 +404,37 @@ def _load_benchmark(
 
 
 _SOURCES: dict[str, Callable[[str], Sequence[Example]]] = {}
+# The built-in worlds' splits, ``"module:function"`` of a ``load_split(split)``, imported on first use
+# (those modules import this one, so it names them rather than importing them).
+BUILTIN_SOURCES = {"world": "tandem_rlvr.world.problems:load_split",
+                   "shorthand": "tandem_rlvr.world.shorthand:load_split"}
 
 
 def register_source(name: str, load_split: Callable[[str], Sequence[Example]]) -> None:
-    """Make ``load_examples("<name>/<split>")`` return ``load_split(split)`` (the built-in world
-    registers itself as ``world`` when :mod:`tandem_rlvr.world` is imported, as ``import tandem_rlvr`` does)."""
+    """Make ``load_examples("<name>/<split>")`` return ``load_split(split)`` (also over a built-in name of
+    :data:`BUILTIN_SOURCES`; those need no registration)."""
     _SOURCES[name] = load_split
+
+
+def _source(name: str) -> Callable[[str], Sequence[Example]] | None:
+    """The registered source ``name``, else the built-in one (imported now), else None."""
+    if name in _SOURCES:
+        return _SOURCES[name]
+    if name not in BUILTIN_SOURCES:
+        return None
+    module, _, attr = BUILTIN_SOURCES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def _load_registered(name: str, split_name: str, limit: int | None) -> list[Example]:
     if not split_name:
         raise DataError(f"data: '{name}/<split>' needs a split name, e.g. '{name}/train'")
-    if name not in _SOURCES:
+    load_split = _source(name)
+    if load_split is None:
+        known = sorted({*_SOURCES, *BUILTIN_SOURCES})
         raise DataError(f"data: {name}/{split_name}: no data source {name!r} is registered "
-                        f"(registered: {', '.join(sorted(_SOURCES)) or 'none'})")
-    examples = list(_SOURCES[name](split_name))
+                        f"(registered: {', '.join(known) or 'none'})")
+    examples = list(load_split(split_name))
     return examples if limit is None else examples[:limit]
 
 
@@ -449,7 +466,7 @@ def load_examples(
     if not isinstance(source, str) or not source:
         raise DataError(f"data: source must be a benchmark name, a file path or world/<split>, got {source!r}")
     head, _, rest = source.partition("/")
-    if head in _SOURCES or head == "world":
+    if head in _SOURCES or head in BUILTIN_SOURCES or head == "world":
         return _load_registered(head, rest if "/" in source else (split or ""), limit)
     if source in BENCHMARKS:
         return _load_benchmark(BENCHMARKS[source], split, max_problem_chars, limit)

@@ -25,7 +25,6 @@ from tandem_rlvr.world.problems import (
     plain_solution,
     solve_problem_text,
 )
-from tandem_rlvr.world import shorthand as _shorthand  # noqa: E402,F401 (registers the data source "shorthand/<split>")
 
 __all__ = [
     "INSTRUCTION",

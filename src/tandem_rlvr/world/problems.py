@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tandem_rlvr.data import Example, register_source
+from tandem_rlvr.data import Example
 
 MAX_VALUE = 30
 MIN_OPS, MAX_OPS = 2, 8
@@ -244,9 +244,6 @@ def load_split(split: str) -> list[Example]:
     """The split as :class:`tandem_rlvr.data.Example` records (id, problem text, answer string)."""
     return [Example(id=f"arith-{split}-{i:05d}", problem=p.text, answer=str(p.answer))
             for i, p in enumerate(generate_split(split))]
-
-
-register_source("world", load_split)  # load_examples("world/<split>") reads the splits above
 
 
 def sft_problems(seed: int, n_ops_range: tuple[int, int] = (MIN_OPS, MAX_OPS)):

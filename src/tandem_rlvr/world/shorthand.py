@@ -26,7 +26,7 @@ import random
 import re
 from typing import Any
 
-from tandem_rlvr.data import Example, register_source
+from tandem_rlvr.data import Example
 from tandem_rlvr.world.problems import (
     Problem,
     generate_problem,
@@ -108,9 +108,6 @@ def load_split(split: str) -> list[Example]:
     """The split as :class:`tandem_rlvr.data.Example` records (id, problem text, answer string)."""
     return [Example(id=f"short-{split}-{i:05d}", problem=p.text, answer=str(p.answer))
             for i, p in enumerate(generate_split(split))]
-
-
-register_source(NAME, load_split)  # load_examples("shorthand/<split>") reads the splits above
 
 
 def train_problem(rng: random.Random, n_ops: int) -> Problem:
