@@ -34,8 +34,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "RESULTS.md"
 CACHE = Path(os.environ.get("TANDEM_BENCH_CACHE", "/tmp/tandem_rlvr_bench"))
-INSTRUCTION = (" Solve the following math problem step by step. Put your final answer inside \\boxed{}, "
-               "like \\boxed{42} or \\boxed{\\frac{1}{2}}.")
 NO_EOS = [-1]  # an id no model can emit: every rollout runs to max_new_tokens ("same tokens")
 
 if str(ROOT / "src") not in sys.path:
@@ -120,11 +118,11 @@ def n_params(m) -> int:
 
 def prompts(tok, batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``batch`` left-padded chat prompts of different lengths (world problems)."""
+    from tandem_rlvr.data import render_prompt
     from tandem_rlvr.world.problems import generate_problem
 
     rng = random.Random(seed)
-    texts = [tok.apply_chat_template([{"role": "user", "content": generate_problem(rng, rng.randint(2, 6)).text + INSTRUCTION}],
-                                     tokenize=False, add_generation_prompt=True) for _ in range(batch)]
+    texts = [render_prompt(tok, generate_problem(rng, rng.randint(2, 6)).text) for _ in range(batch)]
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     return enc.input_ids, enc.attention_mask
 

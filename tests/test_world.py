@@ -121,14 +121,12 @@ def report(built):
 
 
 def test_prompt_is_the_library_prompt(tok):
+    """The world's prompts are the library's (one instruction, one renderer): its chat template, one user turn."""
+    from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
+
     prob = P.generate_problem(random.Random(0), 3)
-    text = P.render_prompt(tok, prob.text)
-    assert text == f"<|im_start|>user\n{prob.text}{P.INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
-    try:
-        from tandem_rlvr.data import render_prompt
-    except ImportError:
-        pytest.skip("tandem_rlvr.data.render_prompt not available yet")
-    assert render_prompt(tok, prob.text) == text
+    text = render_prompt(tok, prob.text)
+    assert text == f"<|im_start|>user\n{prob.text}{PROMPT_SUFFIX}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_tokenizer_is_tight_and_marks_word_starts(world, tok):
@@ -139,8 +137,10 @@ def test_tokenizer_is_tight_and_marks_word_starts(world, tok):
     for d in range(10):
         assert len(tok.encode(str(d))) == 1 and len(tok.encode(f" {d}")) == 1
     assert any(t.startswith("Ġ") for t in tok.convert_ids_to_tokens(tok.encode(" Add 3: 9 + 3 = 12.")))
+    from tandem_rlvr.data import render_prompt
+
     prob = P.generate_problem(random.Random(5), 8)
-    full = P.render_prompt(tok, prob.text) + P.plain_solution(prob)
+    full = render_prompt(tok, prob.text) + P.plain_solution(prob)
     assert len(tok.encode(full)) < 260
     for d in (world[0].senior_dir, world[0].junior_dir):  # a model folder must load the same tokenizer
         assert AutoTokenizer.from_pretrained(str(d)).encode(full) == tok.encode(full)
@@ -213,9 +213,10 @@ def test_a_rebuild_on_one_machine_is_reproducible(tmp_path):
     from tandem_rlvr.world.train_workers import train_models
 
     tok_dir = tmp_path / "tok"
-    from tandem_rlvr.world.build import INSTRUCTION, DIGIT_PATTERN, build_tokenizer, tokenizer_corpus
+    from tandem_rlvr.data import PROMPT_SUFFIX
+    from tandem_rlvr.world.build import DIGIT_PATTERN, build_tokenizer, tokenizer_corpus
 
-    build_tokenizer(tokenizer_corpus()[:400], 512, tok_dir, pattern=DIGIT_PATTERN, extra_tokens=[INSTRUCTION])
+    build_tokenizer(tokenizer_corpus()[:400], 512, tok_dir, pattern=DIGIT_PATTERN, extra_tokens=[PROMPT_SUFFIX])
     spec = replace(JUNIOR_SPEC, steps=30, short_steps=10, ramp_every=5, hidden=32, intermediate=64)
     tables = []
     for run in ("a", "b"):

@@ -14,7 +14,6 @@ Heavy imports (torch, transformers) happen lazily inside the functions that need
 """
 
 from tandem_rlvr.world.problems import (
-    INSTRUCTION,
     Problem,
     generate_problem,
     is_correct,
@@ -27,7 +26,6 @@ from tandem_rlvr.world.problems import (
 )
 
 __all__ = [
-    "INSTRUCTION",
     "Problem",
     "WorldPaths",
     "build_world",

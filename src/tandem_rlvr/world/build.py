@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tandem_rlvr.data import PROMPT_SUFFIX
 from tandem_rlvr.world.problems import (
-    INSTRUCTION,
     generate_problem,
     jargon_solution,
     plain_solution,
@@ -137,7 +137,7 @@ def recipe(seed: int = SEED, world: str = "arith") -> dict:
         "seed": seed,
         "tokenizer": {"vocab": TOKENIZER_VOCAB, "corpus": TOKENIZER_CORPUS, "pattern": DIGIT_PATTERN},
         "chat_template": CHAT_TEMPLATE,
-        "instruction": INSTRUCTION,
+        "instruction": PROMPT_SUFFIX,
         "junior": specs["junior"].to_dict(),
         "senior": specs["senior"].to_dict(),
         "formats": _format_fingerprint(),
@@ -265,7 +265,7 @@ def _build_into(tmp: Path, progress: bool, seed: int = SEED, world: str = "arith
     start, mod = time.time(), world_module(world)
     corpus = tokenizer_corpus(seed) if mod is None else mod.tokenizer_corpus(seed)
     tokenizer = build_tokenizer(
-        corpus, TOKENIZER_VOCAB, tmp / "tokenizer", pattern=DIGIT_PATTERN, extra_tokens=[INSTRUCTION]
+        corpus, TOKENIZER_VOCAB, tmp / "tokenizer", pattern=DIGIT_PATTERN, extra_tokens=[PROMPT_SUFFIX]
     )
     stats, tries = (_train_until_properties_hold(tmp, progress, seed) if mod is None
                     else _train_until_properties_hold(tmp, progress, seed, world))

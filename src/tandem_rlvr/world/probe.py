@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem_rlvr.data import render_prompt
 from tandem_rlvr.world.problems import (
     Problem,
     generate_split,
@@ -18,7 +19,6 @@ from tandem_rlvr.world.problems import (
     is_jargon,
     jargon_steps,
     plain_steps,
-    render_prompt,
 )
 
 

@@ -31,10 +31,6 @@ from tandem_rlvr.data import Example
 
 MAX_VALUE = 30
 MIN_OPS, MAX_OPS = 2, 8
-INSTRUCTION = (
-    " Solve the following math problem step by step. Put your final answer inside \\boxed{}, "
-    "like \\boxed{42} or \\boxed{\\frac{1}{2}}."
-)
 
 # Operation kinds: (symbol, operand) with symbol in + - * /; the operand of * and / is fixed per kind.
 OP_WEIGHTS = {"add": 0.34, "sub": 0.30, "double": 0.14, "triple": 0.06, "halve": 0.16}
@@ -261,12 +257,6 @@ def train_problem(rng: random.Random, n_ops: int) -> Problem:
         p = generate_problem(rng, n_ops)
         if in_buckets(p, buckets):
             return p
-
-
-def render_prompt(tokenizer, problem_text: str) -> str:
-    """The library prompt: one user turn (problem + INSTRUCTION) with the chat template's generation prompt."""
-    messages = [{"role": "user", "content": problem_text + INSTRUCTION}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 # ------------------------------------------------------------------------- styles and grading

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from tandem_rlvr.data import render_prompt
 from tandem_rlvr.world.problems import (
     Problem,
     jargon_solution,
     plain_solution,
-    render_prompt,
     train_problem,
 )
 

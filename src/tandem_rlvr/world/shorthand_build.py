@@ -25,7 +25,7 @@ import random
 from dataclasses import replace
 
 from tandem_rlvr.world import shorthand as S
-from tandem_rlvr.world.problems import INSTRUCTION, render_prompt
+from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
 from tandem_rlvr.world.sft import ModelSpec
 
 VERSION = 1
@@ -66,7 +66,7 @@ def recipe(seed: int = SEED) -> dict:
     return {
         "world": S.NAME, "version": VERSION, "seed": seed, "budget": S.BUDGET,
         "tokenizer": {"vocab": TOKENIZER_VOCAB, "corpus": TOKENIZER_CORPUS, "pattern": DIGIT_PATTERN},
-        "chat_template": CHAT_TEMPLATE, "instruction": INSTRUCTION,
+        "chat_template": CHAT_TEMPLATE, "instruction": PROMPT_SUFFIX,
         "junior": specs["junior"].to_dict(), "senior": specs["senior"].to_dict(),
         "formats": format_fingerprint(), "splits": S.SPLIT_SPECS,
         "gate": {"properties": PROPERTIES, "count": PROPERTY_COUNT, "max_tries": MAX_TRIES, "seed_step": TRY_SEED_STEP,
