@@ -41,10 +41,10 @@ from transformers import DynamicCache
 from tandem_rlvr.engines import fastpath
 from tandem_rlvr.engines.fastpath import adapter_off_call, buffer_cache, gqa_attention
 from tandem_rlvr.engines.handoff import Schedule, over_rounds
+from tandem_rlvr.engines.serving import MODES
 from tandem_rlvr.engines.types import Rollout, Sampling, decision_record, logp_of, sample_tokens
 
 __all__ = ["MODES", "generate", "gqa_attention"]
-MODES = ("lockstep", "catchup")
 LOGITS_BUDGET = 1 << 26  # max elements of one catch-up forward's (B, w, V) logits; longer windows are chunked
 
 
