@@ -227,6 +227,29 @@ def test_disk_full_result_file_and_metrics_row_leave_the_old_contents(tmp_path, 
     assert rows.read_text() == '{"step": 1}\n'
 
 
+def test_streamed_jsonl_is_atomic_and_names_a_full_disk(tmp_path, monkeypatch):
+    """``io.AtomicJsonl`` (the evaluation's chains files): the rows appear all at once under the final name; an
+    error in the block keeps the old file and leaves no temporary; a full disk is the named DiskFull."""
+    from tandem_rlvr import io
+
+    path = tmp_path / "chains" / "b.jsonl"
+    with io.AtomicJsonl(path) as sink:
+        sink.write({"a": "é"})
+        assert not path.exists()
+        sink.write({"b": 2})
+    assert path.read_text(encoding="utf-8") == '{"a": "é"}\n{"b": 2}\n' and path.stat().st_mode & 0o777 == io.file_mode()
+    with pytest.raises(RuntimeError, match="stop"):
+        with io.AtomicJsonl(path) as sink:
+            sink.write({"c": 3})
+            raise RuntimeError("stop")
+    assert path.read_text(encoding="utf-8") == '{"a": "é"}\n{"b": 2}\n' and os.listdir(path.parent) == ["b.jsonl"]
+    monkeypatch.setattr(io.os, "fsync", _enospc)
+    with pytest.raises(integrity.DiskFull, match=r"disk full while writing file .*b.jsonl: .* previous version of the file is intact"):
+        with io.AtomicJsonl(path) as sink:
+            sink.write({"d": 4})
+    assert path.read_text(encoding="utf-8") == '{"a": "é"}\n{"b": 2}\n' and os.listdir(path.parent) == ["b.jsonl"]
+
+
 def _mount_tmpfs(where: Path, size: int) -> bool:
     where.mkdir()
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -9,22 +10,24 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from tandem_rlvr.errors import DiskFull
 
 
-def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool = False) -> Path:
-    """Call ``write(f)`` on a temporary file next to ``path``, fsync, then rename it to ``path``:
-    a reader sees the old file or the new one, never half of one."""
+@contextlib.contextmanager
+def atomic_open(path: str | Path, *, binary: bool = False) -> Iterator[IO]:
+    """A temporary file next to ``path`` to write into; when the block ends without an error it is fsynced
+    and renamed to ``path`` (a reader sees the old file or the new one, never half of one). On an error
+    it is removed; a full disk raises :class:`~tandem_rlvr.errors.DiskFull`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.chmod(tmp, file_mode())  # mkstemp makes 0600 files; give results the usual mode
     try:
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
-            write(f)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -33,7 +36,33 @@ def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool 
         Path(tmp).unlink(missing_ok=True)
         _raise_if_disk_full(e, path, written, "the previous version of the file is intact")
         raise
-    return path
+
+
+def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool = False) -> Path:
+    """Call ``write(f)`` on a temporary file next to ``path``, fsync, then rename it to ``path``
+    (:func:`atomic_open`): a reader sees the old file or the new one, never half of one."""
+    with atomic_open(path, binary=binary) as f:
+        write(f)
+    return Path(path)
+
+
+class AtomicJsonl:
+    """Stream JSON rows into ``path`` atomically (:func:`atomic_open`): ``with AtomicJsonl(p) as sink:
+    sink.write(row)``; readers see the old file or every row, and a full disk raises ``DiskFull``."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __enter__(self) -> AtomicJsonl:
+        self._open = atomic_open(self.path)
+        self.f = self._open.__enter__()
+        return self
+
+    def write(self, row: dict) -> None:
+        self.f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        return bool(self._open.__exit__(exc_type, exc, tb))
 
 
 def _raise_if_disk_full(e: BaseException, path: Path, written: int, kept: str) -> None:
@@ -93,7 +122,8 @@ def append_jsonl(path: str | Path, row: dict) -> None:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a JSONL file; a torn last line (from a crash) is dropped."""
+    """Rows of a JSONL log written by :func:`append_jsonl` (``[]`` if there is none); a torn last line (from a
+    crash) and anything after it are dropped."""
     rows = []
     p = Path(path)
     if not p.exists():

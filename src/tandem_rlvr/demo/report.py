@@ -216,7 +216,7 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
 def demo_html(results: dict, out: Path, md_path: Path) -> Path:
     """``report.html`` beside the demo's ``report.md``: its tables and plots, and every saved chain
     (``out/chains/<run>-seed<k>.jsonl``, ``warm_start.jsonl``) in the browser."""
-    from tandem_rlvr.evaluation.html import read_problems, chain_run, markdown_to_html, page, read_jsonl
+    from tandem_rlvr.evaluation.html import read_chains, read_problems, chain_run, markdown_to_html, page
 
     problems = read_problems(out / "chains" / "problems.json")
     chains = []
@@ -225,7 +225,7 @@ def demo_html(results: dict, out: Path, md_path: Path) -> Path:
     for run_id, name in jobs:
         path = out / "chains" / f"{run_id}.jsonl"
         if path.is_file():
-            chains.append(chain_run(run_id, name, read_jsonl(path), problems))
+            chains.append(chain_run(run_id, name, read_chains(path), problems))
     body = markdown_to_html(md_path.read_text(encoding="utf-8"), out)
     target = out / "report.html"
     atomic_write_text(target, page("Tandem RLVR demo", body, chains))

@@ -14,9 +14,7 @@ import gc
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -152,38 +150,6 @@ def resolve_options(args: argparse.Namespace) -> EvalOptions:
 # ---------------------------------------------------------------------------------------------------
 
 
-class AtomicJsonl:
-    """Stream JSON rows into a temporary file next to ``path``; on success fsync and rename it."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-
-    def __enter__(self) -> AtomicJsonl:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        from tandem_rlvr.io import file_mode
-
-        os.chmod(self.tmp, file_mode())
-        self.f = os.fdopen(fd, "w", encoding="utf-8")
-        return self
-
-    def write(self, row: dict) -> None:
-        self.f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            if exc_type is None:
-                self.f.flush()
-                os.fsync(self.f.fileno())
-        finally:
-            self.f.close()
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            Path(self.tmp).unlink(missing_ok=True)
-        return False
-
-
 def slug(name: str) -> str:
     """A file-name-safe version of a senior or benchmark name."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "x"
@@ -268,7 +234,7 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
                  junior_name: str = "junior", junior_path: str | None = None, label: str | None = None,
                  reach: dict | None = None) -> dict:
     from tandem_rlvr.evaluation.crosstok import evaluate_any_pair, same_vocabulary, template_kind
-    from tandem_rlvr.io import atomic_write_json
+    from tandem_rlvr.io import AtomicJsonl, atomic_write_json
     from tandem_rlvr.evaluation.metrics import macro_average
     from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
 

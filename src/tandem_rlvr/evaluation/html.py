@@ -120,7 +120,9 @@ def chain_run(run_id: str, label: str, records, problems: dict | None = None) ->
     return {"id": run_id, "label": label, "problems": list(by_pid.values())}
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_chains(path: Path) -> list[dict]:
+    """The chain records of a chains file (written whole, never appended to): one per non-blank line; a
+    line that is not JSON raises (unlike :func:`tandem_rlvr.io.read_jsonl`, which drops a log's torn tail)."""
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -145,7 +147,7 @@ def eval_html(out_dir: str | Path, problems: dict | None = None) -> Path:
     out = Path(out_dir)
     runs = []
     for path in sorted((out / "chains").glob("*/*.jsonl")):
-        records = read_jsonl(path)
+        records = read_chains(path)
         senior = str(records[0].get("senior", path.parent.name)) if records else path.parent.name
         bench = str(records[0].get("benchmark", path.stem)) if records else path.stem
         runs.append(chain_run(f"{path.parent.name}/{path.stem}", f"{senior} · {bench}", records,
