@@ -304,7 +304,7 @@ class Trainer:
 
     def _scorer(self):
         if self.reward_fn is not None:
-            return _Null()
+            return contextlib.nullcontext()
         from tandem_rlvr.rewards import RewardScorer
 
         c = self.cfg.data
@@ -385,14 +385,6 @@ class Trainer:
 
 def _num(v) -> float:
     return float(v.detach()) if torch.is_tensor(v) else float(v)
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _step_seed(seed: int, step: int) -> int:
