@@ -101,7 +101,7 @@ def _interval(m: float, h: float, scale: float, digits: int) -> str:
 
 def claim1(results: dict) -> str:
     m, h = _diff(results, "solo_pass@1", "trlvr", "grpo")
-    v = equivalence(m * 100, h * 100, EQUIV_MARGIN_PTS)
+    v = equivalence([d * 100 for d in paired_diffs(results, "solo_pass@1", "trlvr", "grpo")], EQUIV_MARGIN_PTS)
     verdict = {"equivalent": "reproduced (the whole 95% interval lies inside the margin)",
                "not equivalent": "not reproduced (the whole 95% interval lies outside the margin)",
                "inconclusive": "inconclusive (the 95% interval is not inside the margin)",
