@@ -363,7 +363,7 @@ def _engine_refusal(cfg: Config) -> tuple[str, str | None]:
 def validate(cfg: Config) -> None:
     """Cross-field checks; raises :class:`ConfigError` naming the key."""
     from tandem_rlvr.engines.serving import MODES
-    from tandem_rlvr.names import LOSS_TYPES, SCHEDULES
+    from tandem_rlvr.names import LOSS_TYPES, REWARD_KINDS, SCHEDULES
 
     a, h, t, r = cfg.algo, cfg.handoff, cfg.train, cfg.rollout
     checks = [
@@ -404,8 +404,8 @@ def validate(cfg: Config) -> None:
          f"must be pass@K with K in 1, 2, 4, 8 and K <= val.n ({cfg.val.n}), got {cfg.val.select!r}"),
         (not cfg.model.bridge or (a.arm == "trlvr" and not cfg.model.self_paired),
          "model.bridge", "needs algo.arm=trlvr and a separate model.junior (per-token KL needs one shared vocabulary)"),
-        (cfg.data.reward in ("math", "gsm8k", "boxed_exact") or ":" in cfg.data.reward, "data.reward",
-         f"must be math, gsm8k, boxed_exact or package.module:function, got {cfg.data.reward!r}"),
+        (cfg.data.reward in REWARD_KINDS or ":" in cfg.data.reward, "data.reward",
+         f"must be {', '.join(REWARD_KINDS)} or package.module:function, got {cfg.data.reward!r}"),
     ]
     if a.senior_frac_band is not None:
         band = a.senior_frac_band

@@ -1,4 +1,4 @@
-"""Names the configuration checks, torch-free: the handoff schedules, the loss types, the FSDP modes.
+"""Names the configuration checks, torch-free: the handoff schedules, the loss types, the FSDP modes, the rewards.
 
 What they *mean* lives in :mod:`tandem_rlvr.engines.handoff` (schedules) and :mod:`tandem_rlvr.training.core` (losses),
 which take their lists from here. Each schedule's *level* says where its coins fall (what an engine
@@ -28,4 +28,5 @@ def check_name(name: str) -> None:
 LOSS_TYPES = ("grpo", "dapo", "token_mean", "dr_grpo")
 TOKEN_MEAN_LOSSES = ("dapo", "token_mean")  # divided by a (global) token count, not per sequence
 FSDP_MODES = ("off", "full", "zero2")  # train.fsdp; see tandem_rlvr.training.fsdp
+REWARD_KINDS = ("math", "gsm8k", "boxed_exact")  # data.reward's built-in rewards; see tandem_rlvr.rewards
 VLLM_SLEEP = ("off", "kv", "weights")  # rollout.vllm_sleep; see tandem_rlvr.engines.vllm_backend.EngineSleep

@@ -11,7 +11,6 @@
 """
 
 from tandem_rlvr.demo.plan import (
-    ARMS,
     FULL,
     PLANS,
     QUICK,
@@ -27,6 +26,6 @@ from tandem_rlvr.demo.plan import (
 from tandem_rlvr.demo.runner import run_demo
 
 __all__ = [
-    "ARMS", "FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "run_demo",
+    "FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "run_demo",
     "run_names", "split_run", "style_rate", "train_config",
 ]

@@ -12,10 +12,8 @@ from pathlib import Path
 
 from tandem_rlvr.config import load_config
 
-__all__ = ["ARMS", "FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "run_names",
+__all__ = ["FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "run_names",
            "split_run", "style_rate", "train_config"]
-
-ARMS = ("grpo", "trlvr", "kl_reg")
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["REWARD_KINDS", "Prepared", "extract_boxed", "gsm8k_gold", "prepare_check"]
-
-REWARD_KINDS = ("math", "gsm8k", "boxed_exact")
+__all__ = ["Prepared", "extract_boxed", "gsm8k_gold", "prepare_check"]
 
 # Tokens that matter for brace matching: an escaped backslash (so ``\\{`` is a line break + group),
 # a box opener with its brace, a bare box command (``\boxed 5``), escaped braces, plain braces.

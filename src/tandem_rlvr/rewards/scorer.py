@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from multiprocessing import connection as mp_connection
 from typing import Any
 
-from tandem_rlvr.rewards.extract import REWARD_KINDS, prepare_check
+from tandem_rlvr.names import REWARD_KINDS
+from tandem_rlvr.rewards.extract import prepare_check
 from tandem_rlvr.rewards.workers import Worker, shutdown_workers
 
 __all__ = ["DEFAULT_TIME_LIMIT", "RewardScorer"]
