@@ -454,8 +454,8 @@ def load_examples(
     ``source``: a key of :data:`BENCHMARKS` (loaded with ``datasets.load_dataset``; ``split`` defaults
     to the benchmark's default split, ``deepscaler`` has "train" and "val"); a path to a ``.jsonl``,
     ``.json`` (a list of objects, or an object with the list under ``split`` or "data"),
-    ``.parquet`` or ``.csv`` file; or ``"world/<split>"`` (the built-in world's
-    ``tandem_rlvr.world.problems.load_split``). ``problem_key`` / ``answer_key`` / ``id_key`` name the
+    ``.parquet`` or ``.csv`` file; or ``"world/<split>"`` / ``"shorthand/<split>"`` (a built-in world's
+    splits, :data:`BUILTIN_SOURCES`) or another :func:`register_source` name. ``problem_key`` / ``answer_key`` / ``id_key`` name the
     columns of a file (a missing id column gives the row index; benchmarks use their own columns).
     ``answer_format="gsm8k"`` keeps what follows ``####`` in a file's answers, commas removed.
     Skipped rows are counted in a warning; ``limit`` keeps the first rows after skipping.
