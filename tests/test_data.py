@@ -328,13 +328,20 @@ def test_module_constants():
 def test_the_builtin_worlds_load_without_importing_the_world_first(tmp_path):
     """``import tandem_rlvr`` imports no subpackage; ``world/<split>`` and ``shorthand/<split>`` are found
     by name (:data:`tandem_rlvr.data.BUILTIN_SOURCES`) in a process that imported only the data module."""
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
+    import tandem_rlvr
+
+    src = str(Path(tandem_rlvr.__file__).resolve().parents[1])  # this tree's package, whatever the install
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     code = ("import sys; import tandem_rlvr, tandem_rlvr.data as D\n"
             "assert not [m for m in sys.modules if m.startswith('tandem_rlvr.world')], 'the root imported the world'\n"
             "w, s = D.load_examples('world/test', limit=2), D.load_examples('shorthand/test', limit=2)\n"
             "print(w[0].id, s[0].id)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["arith-test-00000", "short-test-00000"]
