@@ -42,7 +42,7 @@ QUICK = DemoPlan(seeds=1, steps=6, prompts_per_step=8, group_size=4, eval_proble
 # The shorthand world (``--world shorthand``, meant for ``--junior self``): the same arms and sizes, its own
 # token budget (``world.shorthand.BUDGET``: every shorthand solution fits it, no 7-8 op plain one does) and
 # learning rate (at 1e-4, 20 steps left the senior within 0.002 nats/token of its warm start; at 1e-3 GRPO
-# collapsed: README, "The shorthand world").
+# collapsed: docs/demo.md, "Designs and learning rates measured").
 SHORTHAND_FULL = DemoPlan(max_new_tokens=80, lr=3e-4)
 SHORTHAND_QUICK = DemoPlan(**{**QUICK.__dict__, "max_new_tokens": 80, "lr": 3e-4})
 PLANS = {"arith": (FULL, QUICK), "shorthand": (SHORTHAND_FULL, SHORTHAND_QUICK)}  # (full, --quick) per world

@@ -219,11 +219,13 @@ def in_buckets(problem: Problem, buckets: tuple[int, int]) -> bool:
     return lo <= split_bucket(problem) < hi
 
 
-def generate_split(split: str) -> list[Problem]:
-    """The problems of a split, deterministic, unique by signature, from the split's bucket range."""
-    if split not in SPLIT_SPECS:
-        raise ValueError(f"unknown split {split!r}; choose from {sorted(SPLIT_SPECS)}")
-    spec = SPLIT_SPECS[split]
+def generate_split(split: str, specs: dict | None = None) -> list[Problem]:
+    """The problems of a split, deterministic, unique by signature, from the split's bucket range
+    (``specs``: a world's split table, this world's :data:`SPLIT_SPECS` by default)."""
+    specs = SPLIT_SPECS if specs is None else specs
+    if split not in specs:
+        raise ValueError(f"unknown split {split!r}; choose from {sorted(specs)}")
+    spec = specs[split]
     rng = random.Random(spec["seed"])
     lo, hi = spec["ops"]
     seen: set[str] = set()
@@ -236,23 +238,23 @@ def generate_split(split: str) -> list[Problem]:
     return out
 
 
-def load_split(split: str) -> list[Example]:
-    """The split as :class:`tandem_rlvr.data.Example` records (id, problem text, answer string)."""
-    return [Example(id=f"arith-{split}-{i:05d}", problem=p.text, answer=str(p.answer))
-            for i, p in enumerate(generate_split(split))]
+def load_split(split: str, specs: dict | None = None, prefix: str = "arith") -> list[Example]:
+    """The split as :class:`tandem_rlvr.data.Example` records (id ``<prefix>-<split>-<i>``, problem text, answer)."""
+    return [Example(id=f"{prefix}-{split}-{i:05d}", problem=p.text, answer=str(p.answer))
+            for i, p in enumerate(generate_split(split, specs))]
 
 
-def sft_problems(seed: int, n_ops_range: tuple[int, int] = (MIN_OPS, MAX_OPS)):
+def sft_problems(seed: int, n_ops_range: tuple[int, int] = (MIN_OPS, MAX_OPS), specs: dict | None = None):
     """An endless stream of (n_ops, Problem) for supervised warm starts, train bucket only."""
     rng = random.Random(seed)
     while True:
         n = rng.randint(*n_ops_range)
-        yield n, train_problem(rng, n)
+        yield n, train_problem(rng, n, specs)
 
 
-def train_problem(rng: random.Random, n_ops: int) -> Problem:
+def train_problem(rng: random.Random, n_ops: int, specs: dict | None = None) -> Problem:
     """A fresh problem with ``n_ops`` operations from the train bucket (never in val/test)."""
-    buckets = SPLIT_SPECS["train"]["buckets"]
+    buckets = (SPLIT_SPECS if specs is None else specs)["train"]["buckets"]
     while True:
         p = generate_problem(rng, n_ops)
         if in_buckets(p, buckets):

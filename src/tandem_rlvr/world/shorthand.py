@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 from tandem_rlvr.data import Example
+from tandem_rlvr.world import problems as P
 from tandem_rlvr.world.problems import (
     Problem,
     generate_problem,
@@ -88,42 +89,23 @@ def steps(problem: Problem, style: str) -> list[str]:
 
 
 def generate_split(split: str) -> list[Problem]:
-    """The problems of a split, deterministic, unique by signature, from the split's bucket range."""
-    if split not in SPLIT_SPECS:
-        raise ValueError(f"unknown split {split!r}; choose from {sorted(SPLIT_SPECS)}")
-    spec = SPLIT_SPECS[split]
-    rng = random.Random(spec["seed"])
-    lo, hi = spec["ops"]
-    seen: set[str] = set()
-    out: list[Problem] = []
-    while len(out) < spec["size"]:
-        p = generate_problem(rng, rng.randint(lo, hi))
-        if in_buckets(p, spec["buckets"]) and p.signature not in seen:
-            seen.add(p.signature)
-            out.append(p)
-    return out
+    """The problems of a split (:func:`tandem_rlvr.world.problems.generate_split` over this world's splits)."""
+    return P.generate_split(split, SPLIT_SPECS)
 
 
 def load_split(split: str) -> list[Example]:
-    """The split as :class:`tandem_rlvr.data.Example` records (id, problem text, answer string)."""
-    return [Example(id=f"short-{split}-{i:05d}", problem=p.text, answer=str(p.answer))
-            for i, p in enumerate(generate_split(split))]
+    """The split as :class:`tandem_rlvr.data.Example` records (ids ``short-<split>-<i>``)."""
+    return P.load_split(split, SPLIT_SPECS, "short")
 
 
 def train_problem(rng: random.Random, n_ops: int) -> Problem:
-    """A fresh problem with ``n_ops`` operations from the train bucket (never in val/test)."""
-    while True:
-        p = generate_problem(rng, n_ops)
-        if in_buckets(p, SPLIT_SPECS["train"]["buckets"]):
-            return p
+    """A fresh problem with ``n_ops`` operations from this world's train bucket (never in val/test)."""
+    return P.train_problem(rng, n_ops, SPLIT_SPECS)
 
 
 def sft_problems(seed: int, n_ops_range: tuple[int, int] = (2, 8)):
-    """An endless stream of (n_ops, Problem) from the train bucket."""
-    rng = random.Random(seed)
-    while True:
-        n = rng.randint(*n_ops_range)
-        yield n, train_problem(rng, n)
+    """An endless stream of (n_ops, Problem) from this world's train bucket."""
+    return P.sft_problems(seed, n_ops_range, SPLIT_SPECS)
 
 
 def probe_problems(n_ops: int, count: int) -> list[Problem]:
