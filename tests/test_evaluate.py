@@ -545,3 +545,23 @@ def test_report_tables_and_missing_values(tmp_path):
     assert "| x | 2 | 50.0 | +10.0 |" in seniors_table({"x": res})
     paths = write_eval_report(tmp_path, {"x": res})
     assert [p.name for p in paths] == ["eval.md", "handoff_curve.png"]
+
+
+def test_eval_options_reuse_the_training_options_they_share():
+    """An option both configs have is documented once: EvalOptions takes the training field's doc (and its
+    default, except where METHOD.md §5 sets the evaluation's own: sampling at 0.7 / 0.8 / 20)."""
+    import dataclasses
+
+    from tandem_rlvr.config import DataConfig, EvalOptions, ModelConfig, RolloutConfig
+
+    ev = {f.name: f for f in dataclasses.fields(EvalOptions)}
+    own = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    shared = {RolloutConfig: ("max_new_tokens", "temperature", "top_p", "top_k", "mode", "vllm_memory"),
+              DataConfig: ("problem_key", "answer_key", "reward_timeout_s", "reward_workers"),
+              ModelConfig: ("trust_remote_code",)}
+    opts = EvalOptions()
+    for section, names in shared.items():
+        train = {f.name: f for f in dataclasses.fields(section)}
+        for name in names:
+            assert ev[name].metadata["doc"] == train[name].metadata["doc"], name
+            assert getattr(opts, name) == own.get(name, getattr(section(), name)), name

@@ -75,13 +75,13 @@ class HandoffConfig:
 class RolloutConfig:
     max_new_tokens: int = _f(3000, "Response budget shared by both authors.")
     max_prompt_tokens: int = _f(1024, "Longer prompts are skipped and counted.")
-    temperature: float = _f(0.6, "Sampling temperature of both models during training.")
+    temperature: float = _f(0.6, "Sampling temperature of both models.")
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     batch_size: int = _f(0, "Rollouts per engine call (0 = all of this process's rollouts of the step at once). A multiple of group_size.")
     engine: str = _f("hf", "Rollout engine: hf (in-process, every schedule) or vllm (every schedule; tandem rollouts on one vLLM engine that holds both models and decodes each rollout as one request, solo arms on a plain vLLM engine of the senior; needs tandem-rlvr[vllm]). A junior with another tokenizer (model.bridge) always uses the text bridge (step/alternate).")
     mode: str = _f("lockstep", "How the in-process engine keeps both models in step (same tokens, owners and log-probs on the same seed): lockstep (both models read every token: one forward each per token) or catchup (a model runs only when it writes, then reads the tokens it missed in one forward; wins with small batches and long turns).")
-    vllm_memory: float = _f(0.3, "Share of the accelerator's memory the vLLM engine may take (it shares the device with training).")
+    vllm_memory: float = _f(0.3, "Share of the accelerator's memory the vLLM engine may take (in training it shares the device with the update).")
     vllm_timeout_s: float = _f(600.0, "Stop the run (the last checkpoint is kept) when a vLLM rollout or weight push does not finish within this many seconds.")
     vllm_dtype: str = _f("model", "Weights dtype of the vLLM engine: model (= model.dtype), bfloat16, float16 or float32. The paper configs train float32 master weights and decode in bfloat16; each push casts the senior's weights.")
     vllm_sleep: str = _f("off", "What the vLLM engine gives back to training between its rollouts (vLLM sleep mode, GPUs only): off (keeps everything), kv (releases its KV cache during the update) or weights (also moves its weights to host memory; they come back before the push). Accepted and ignored on a CPU (one log line).")
@@ -151,10 +151,28 @@ class Config:
         return float(lo), float(hi)
 
 
+_SAME = object()
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
+def _reuse(section: type, name: str, default: Any = _SAME) -> Any:
+    """The training config's option ``section.name`` for :class:`EvalOptions`: its one documentation line and
+    its default, unless the evaluation has its own (``default``)."""
+    f = next(f for f in dataclasses.fields(section) if f.name == name)
+    return _f(_default(f) if default is _SAME else default, f.metadata["doc"])
+
+
 @dataclass
 class EvalOptions:
     """The options of ``tandem-rlvr eval`` (flags, or the same keys in ``--config eval.yaml``), each
-    documented once here; the evaluation's defaults are these (METHOD.md §5)."""
+    documented once: an option the training config has too (sampling, the in-process mode, the vLLM
+    memory share, answer checking, local-file columns, remote code) reuses that field's documentation
+    and default (:func:`_reuse`), with the evaluation's own default where METHOD.md §5 sets one."""
 
     seniors: dict = _f({}, "Seniors to evaluate, name -> local path or hub name (--senior [NAME=]PATH, repeatable).")
     junior: str = _f("", "The frozen junior (local path or hub name): the first of ``juniors``.")
@@ -162,34 +180,34 @@ class EvalOptions:
     benchmarks: list = _f([], "Benchmark names (e.g. math500) or local JSONL/JSON/CSV/parquet files (--benchmark, repeatable).")
     out: str = _f("eval_out", "Output directory: eval.json, eval.md, plots, chains/, parts/.")
     n: int = _f(8, "Samples per problem.")
-    max_new_tokens: int = _f(3000, "Response budget shared by both authors.")
+    max_new_tokens: int = _reuse(RolloutConfig, "max_new_tokens")
     limit: int | None = _f(None, "First N problems of each benchmark (None = all).")
     seed: int = _f(0, "Sampling seed.")
     batch_size: int = _f(64, "Chains per generation call.")
     reward: str = _f("math", "Reward function: math, gsm8k or boxed_exact.")
     curve_ps: list = _f([1.0, 0.75, 0.5, 0.25], "P(senior) values of the word-handoff curve (--no-curve: none).")
-    temperature: float = _f(0.7, "Sampling temperature.")
-    top_p: float = _f(0.8, "Nucleus sampling threshold.")
-    top_k: int = _f(20, "Top-k sampling (0 = off).")
+    temperature: float = _reuse(RolloutConfig, "temperature", 0.7)
+    top_p: float = _reuse(RolloutConfig, "top_p", 0.8)
+    top_k: int = _reuse(RolloutConfig, "top_k", 20)
     max_rounds: int = _f(150, "Handoff chains stop after this many turns.")
     context: int = _f(4096, "Prompt + response token limit.")
     max_context: int = _f(0, "As model.max_context: positions the models read (0 = each model's own limit); a senior or junior that cannot read the chains at --context and --max-new-tokens stops the evaluation before the first forward.")
     split: str | None = _f(None, "Split of a named benchmark.")
-    problem_key: str = _f("problem", "Problem column of a local file.")
-    answer_key: str = _f("answer", "Answer column of a local file.")
+    problem_key: str = _reuse(DataConfig, "problem_key")
+    answer_key: str = _reuse(DataConfig, "answer_key")
     id_key: str | None = _f("id", "Id column of a local file (the row index where missing).")
-    trust_remote_code: bool = _f(False, "Allow model code from the checkpoints to run.")
+    trust_remote_code: bool = _reuse(ModelConfig, "trust_remote_code")
     dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16 or float16.")
     device: str = _f("auto", "auto, cpu, cuda, cuda:1, ...")
-    reward_timeout_s: float = _f(2.0, "Hard time limit of one answer check.")
-    reward_workers: int = _f(2, "Answer-checking worker processes.")
+    reward_timeout_s: float = _reuse(DataConfig, "reward_timeout_s")
+    reward_workers: int = _reuse(DataConfig, "reward_workers")
     chunk_tokens: int = _f(1024, "Tokens per vocabulary-sized scoring chunk.")
     score_batch: int = _f(8, "Chains per teacher-forced scoring forward.")
     progress: bool = _f(True, "Show progress bars.")
     overwrite: bool = _f(False, "Recompute finished (senior, benchmark) parts instead of reusing them.")
     engine: str = _f("hf", "Sampler of the chains: hf (in-process) or vllm (every chain, the word-handoff curve too, on one vLLM engine per senior that holds it and the junior; needs tandem-rlvr[vllm] and one vocabulary).")
-    mode: str = _f("lockstep", "In-process engine mode, as rollout.mode: lockstep or catchup (same chains).")
-    vllm_memory: float = _f(0.3, "Share of the GPU the vLLM engine may take.")
+    mode: str = _reuse(RolloutConfig, "mode")
+    vllm_memory: float = _reuse(RolloutConfig, "vllm_memory")
 
 
 def _select_k(select: str) -> int | None:
@@ -467,9 +485,3 @@ def describe() -> str:
     for f in dataclasses.fields(EvalOptions):
         lines.append(f"eval {f.name} (default {_default(f)!r}): {f.metadata.get('doc', '')}")
     return "\n".join(lines)
-
-
-def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory()  # type: ignore[misc]

@@ -220,15 +220,12 @@ class _Grader:
         return [float(v) for v in vals]
 
 
-def open_scorer(reward: str, timeout_s: float = 2.0, num_workers: int = 2):
+def open_scorer(reward: str, timeout_s: float = eval_default("reward_timeout_s"),
+                num_workers: int = eval_default("reward_workers")):
     """A :class:`tandem_rlvr.rewards.RewardScorer` (a context manager) with a hard per-check limit."""
-    import inspect
-
     from tandem_rlvr.rewards import RewardScorer
 
-    params = inspect.signature(RewardScorer).parameters
-    limit_kw = "timeout_s" if "timeout_s" in params else "time_limit"
-    return RewardScorer(reward, num_workers=num_workers, **{limit_kw: timeout_s})
+    return RewardScorer(reward, num_workers=num_workers, time_limit=timeout_s)
 
 
 def batch_seed(seed: int, tag: str, b: int) -> int:
