@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 import torch
-from conftest import CORPUS, bias_token, make_tiny_model
 
+from helpers.tiny_models import CORPUS, GLUE_NL, bias_token, make_tiny_model
 from tandem_rlvr.engines.bridge import (
     BridgeError,
     bridge_generate,
@@ -17,10 +17,6 @@ from tandem_rlvr.engines.bridge import (
 from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.types import Sampling
 
-# A Qwen2-like split (newlines glued onto the punctuation before them, so ".\n\n" can be one token):
-# a vocabulary whose boundaries differ from the default byte-level split of the senior's.
-GLUE_NL = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}"
-           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PROBLEMS = ["What is 3 plus 4?", "Tom has 12 apples and gives away 5. How many are left?", "hi", "6 times 7?"]
 
 

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_cli_train import write_config
-from test_trainer import _cfg, _trainer, base_models  # noqa: F401 (fixture)
+from helpers.run_files import write_config
+from helpers.trainers import base_models  # noqa: F401 (fixture)
+from helpers.trainers import tiny_trainer as _trainer, trainer_config as _cfg
 
 from tandem_rlvr.engines.bridge import BridgeEngine
 from tandem_rlvr.cli import main

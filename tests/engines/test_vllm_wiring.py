@@ -4,7 +4,7 @@ every update and on resume; evaluation samples its solo and handoff chains there
 
 The engines here are stand-ins with ``vllm.LLM``'s ``generate`` backed by the in-process engine (a dual
 stand-in writes junior tokens as id + V, as the real dual model does); the real engines are exercised
-by the slow tests of ``tests/test_vllm_dual.py`` and ``tests/test_vllm.py``.
+by the slow tests of ``tests/engines/test_vllm_dual.py`` and ``tests/engines/test_vllm.py``.
 """
 
 import copy
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_tiny_model
-from test_trainer import EXAMPLES, length_reward
+from helpers.tiny_models import make_tiny_model
+from helpers.trainers import EXAMPLES, length_reward
 
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.engines.handoff import make_schedule
@@ -179,7 +179,7 @@ def test_validation_samples_on_the_engine_and_equals_in_process_validation(tmp_p
     not on a gathered in-process copy; same seeds, so the same val/ metrics as in-process validation."""
     import json
 
-    from test_cli_train import write_data
+    from helpers.run_files import write_data
 
     val = ["val.every=1", f"val.data={write_data(tmp_path / 'val.jsonl')}", "val.n=2", "val.limit=4",
            "val.select=pass@2", "train.save_every=0"]

@@ -1,6 +1,6 @@
 """What a rollout engine loads (tandem_rlvr.engines.weights): an FSDP2-sharded senior streamed one unit at a time
 gives the full model's tensors under its names, cast to the engine's dtype, in two gloo processes; a plain model
-its parameters (LoRA merging: tests/test_vllm.py)."""
+its parameters (LoRA merging: tests/engines/test_vllm.py)."""
 
 import json
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_model
+from helpers.tiny_models import make_tiny_model
 
 from tandem_rlvr.engines.weights import engine_weights
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import CORPUS, bias_token, make_tiny_model
+from helpers.tiny_models import CORPUS, bias_token, make_tiny_model
 
 from tandem_rlvr.engines.bridge import bridge_generate, make_side
 from tandem_rlvr.evaluation.crosstok import NA, bridge_handoff, evaluate_any_pair

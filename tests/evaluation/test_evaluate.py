@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_tiny_model
+from helpers.tiny_models import make_tiny_model
 from tandem_rlvr.evaluation.evaluate import (
     chain_scores,
     drift_kl,

@@ -1,4 +1,4 @@
-"""The HTML report's building blocks without a browser (the browser test is in test_demo.py):
+"""The HTML report's building blocks without a browser (the browser test is in tests/demo/test_demo.py):
 chain text can never leave its JSON element, Markdown text is escaped, chains are grouped per problem."""
 
 import json

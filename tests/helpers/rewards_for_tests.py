@@ -1,5 +1,5 @@
-"""A reward with spread on random tiny models, importable as tests.rewards_for_tests:length_reward
-(``data.reward: rewards_for_tests:length_reward`` with tests/ on PYTHONPATH)."""
+"""A reward with spread on random tiny models, importable as helpers.rewards_for_tests:length_reward
+(``data.reward: helpers.rewards_for_tests:length_reward`` with tests/ on PYTHONPATH)."""
 
 
 def length_reward(completion: str, gold: str, **kwargs) -> float:

@@ -1,4 +1,4 @@
-"""One process of the push-memory measurement (tests/test_vllm_multiprocess.py): ``python vllm_push_memory.py
+"""One process of the push-memory measurement (tests/engines/test_vllm_multiprocess.py): ``python vllm_push_memory.py
 SENIOR JUNIOR FSDP OUT`` with RANK / WORLD_SIZE / MASTER_* set.
 
 Loads the senior in float32, shards it (``FSDP``: full, zero2 or off), starts this process's dual vLLM engine

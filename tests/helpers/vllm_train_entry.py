@@ -1,6 +1,6 @@
-"""``tandem-rlvr`` with small eager vLLM engines, for the multi-process vLLM tests (tests/test_vllm_multiprocess.py).
+"""``tandem-rlvr`` with small eager vLLM engines, for the multi-process vLLM tests (tests/engines/test_vllm_multiprocess.py).
 
-Run as ``python tests/vllm_train_entry.py train CONFIG [overrides]`` (one process, or one per rank with
+Run as ``python tests/helpers/vllm_train_entry.py train CONFIG [overrides]`` (one process, or one per rank with
 RANK / WORLD_SIZE / MASTER_* set). Differences from the real command, all outside the package:
 
 - every vLLM engine gets a 128 MiB KV cache and eager mode (CPU memory and start-up time);

@@ -3,7 +3,7 @@ raises, returns 0.0 or 1.0 and comes back within its time limit (+1 s).
 
 The strategies live in scripts/fuzz_rewards.py (random unicode, 100k-char strings, braces and boxes
 nested 10k deep, towers of powers, lone backslashes, unclosed boxes, broken LaTeX), which runs the
-same property on 10,000 inputs. tests/test_rewards.py already has a (correctness) property test of
+same property on 10,000 inputs. tests/rewards/test_rewards.py already has a (correctness) property test of
 ``extract_boxed`` on plain answers and fixed pathological inputs for ``math_reward``; this one is the
 adversarial-generator robustness test.
 """
@@ -13,14 +13,14 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
 from tandem_rlvr.rewards import RewardScorer, extract_boxed
+from helpers.paths import ROOT
 
-_SPEC = importlib.util.spec_from_file_location("fuzz_rewards", Path(__file__).resolve().parents[1] / "scripts" / "fuzz_rewards.py")
+_SPEC = importlib.util.spec_from_file_location("fuzz_rewards", ROOT / "scripts" / "fuzz_rewards.py")
 fuzz = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(fuzz)
 

@@ -1,11 +1,10 @@
 """scripts/gpu_check.py's options: --paper-step is one GPU's share of a step of configs/paper/trlvr.yaml on both engines."""
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.paths import ROOT
 
 
 @pytest.fixture(scope="module")

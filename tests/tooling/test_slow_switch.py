@@ -1,11 +1,10 @@
 """TANDEM_SLOW=1 (read by tests/conftest.py) runs the slow tests that the default run deselects."""
 
-from pathlib import Path
-
 import pytest
 
+from helpers.paths import ROOT
+
 pytest_plugins = "pytester"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

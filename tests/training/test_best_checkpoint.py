@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from test_cli_train import write_config
+from helpers.run_files import write_config
 
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.training.trainer import best_step
@@ -47,7 +47,7 @@ def test_the_trainer_keeps_the_selected_step_and_says_so(tmp_path, model_dirs):
     its own metrics.jsonl for val/pass@2, and best/ holds that step's weights."""
     from tandem_rlvr.cli import main
 
-    cfg = write_config(tmp_path, model_dirs, data={"reward": "rewards_for_tests:length_reward"}, steps=4, save_every=0)
+    cfg = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=4, save_every=0)
     c = yaml.safe_load(cfg.read_text())
     c["val"] = {"data": c["data"]["train"], "every": 1, "n": 2, "limit": 4, "select": "pass@2"}
     cfg.write_text(yaml.safe_dump(c))

@@ -8,9 +8,8 @@ import torch
 from tandem_rlvr.config import ConfigError, load_config
 from tandem_rlvr.models import ModelLoadError, Pair, freeze, load_pair
 from tandem_rlvr.training.trainer import make_trainer
-from conftest import CORPUS, bias_token, make_tiny_model
-from test_bridge import GLUE_NL
-from test_trainer import EXAMPLES, length_reward
+from helpers.tiny_models import CORPUS, GLUE_NL, bias_token, make_tiny_model
+from helpers.trainers import EXAMPLES, length_reward
 
 
 @pytest.fixture(scope="module")

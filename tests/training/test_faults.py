@@ -7,7 +7,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,19 +18,20 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from test_cli_train import write_config
-from test_resume import _n_rows, _rows
+from helpers.paths import TESTS
+from helpers.processes import free_port as _free_port
+from helpers.run_files import count_metrics_rows as _n_rows, metrics_rows as _rows, write_config
 from tandem_rlvr import integrity
 from tandem_rlvr.training import checkpoint, preempt
 from tandem_rlvr.cli import main
 
-REWARD = {"reward": "rewards_for_tests:length_reward"}
+REWARD = {"reward": "helpers.rewards_for_tests:length_reward"}
 
 
 def _env(**extra):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
                PYTHONFAULTHANDLER="1", **extra)  # an abort prints every thread's Python stack
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     return env
 
 
@@ -76,7 +76,7 @@ def test_sigterm_and_sigusr1_stop_with_a_checkpoint_and_resume_equals_uninterrup
                                                                                      monkeypatch):
     rng = random.Random(17)
     # paced reward (same values as the reference's): steps last long enough that both signals land mid-run
-    cfg = _cfg(tmp_path, model_dirs, data={"reward": "rewards_for_tests:paced_length_reward"})
+    cfg = _cfg(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:paced_length_reward"})
     run = tmp_path / "run"
     # 1: SIGTERM from outside at a random moment after the first step, a second one 20 ms later
     p = subprocess.Popen([sys.executable, "-m", "tandem_rlvr", "train", str(cfg)], env=_env(),
@@ -255,12 +255,6 @@ def test_disk_full_on_a_real_small_tmpfs(tmp_path, model_dirs, capsys):
 
 # -- multi-process: preemption of one rank, a vanished rank --------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ranks(cfg: Path, logs: Path, *extra, tag: str = "") -> list:
     """Two gloo processes started directly (as srun would), rank 0 hosting the rendezvous store."""
     port, procs = _free_port(), []
@@ -347,7 +341,7 @@ def test_a_vanished_rank_is_named_by_the_survivor_within_the_bound(tmp_path, mod
 def test_watchdog_stops_a_stalled_step_with_a_stack_dump(tmp_path, model_dirs):
     cfg = _cfg(tmp_path, model_dirs, steps=3)
     res = subprocess.run([sys.executable, "-m", "tandem_rlvr", "train", str(cfg), "train.watchdog_s=3",
-                          "data.reward=rewards_for_tests:stall_in_step_two"], env=_env(), capture_output=True,
+                          "data.reward=helpers.rewards_for_tests:stall_in_step_two"], env=_env(), capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 124, res.stderr[-2000:]
     m = re.search(r"watchdog: rank 0 made no progress for (\d+) s in the reward and update of step 2 "

@@ -6,7 +6,7 @@ import torch
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import AdapterOff, load_causal_lm, load_pair
 from tandem_rlvr.training.trainer import make_trainer
-from test_trainer import EXAMPLES, length_reward
+from helpers.trainers import EXAMPLES, length_reward
 
 
 def _cfg(tmp_path, senior_dir, steps=2):

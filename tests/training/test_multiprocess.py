@@ -17,15 +17,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_cli_train import write_config
-
-APPROX = ("train/ratio_mean", "train/clip_frac", "train/clip_frac_low", "train/clip_frac_high")
-
+from helpers.paths import TESTS
+from helpers.processes import APPROX
+from helpers.run_files import write_config
 
 def _launch(cfg, n_proc, mixed_precision="no"):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONFAULTHANDLER="1")  # an abort prints every thread's Python stack
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     if n_proc == 1:
         cmd = [sys.executable, "-m", "tandem_rlvr", "train", str(cfg)]
     else:
@@ -42,7 +41,7 @@ def _run(tmp_path, model_dirs, name, n_proc, mixed_precision="no", **train):
 
     d = tmp_path / name
     d.mkdir()
-    cfg = write_config(d, model_dirs, data={"reward": "rewards_for_tests:length_reward"}, steps=2, save_every=0, **train)
+    cfg = write_config(d, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=2, save_every=0, **train)
     c = yaml.safe_load(cfg.read_text())
     c["algo"]["loss_type"] = "dapo"
     c["algo"]["micro_batch"] = 4  # two micro-batches per mini-batch on one process: gradient accumulation
@@ -114,7 +113,7 @@ def test_fsdp_run_resumes_from_its_gathered_checkpoint_and_validates(tmp_path, m
     for name, steps in (("straight", [3]), ("resumed", [2, 3])):
         d = tmp_path / name
         d.mkdir()
-        cfg = write_config(d, model_dirs, data={"reward": "rewards_for_tests:length_reward"}, save_every=1, fsdp="full")
+        cfg = write_config(d, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, save_every=1, fsdp="full")
         c = yaml.safe_load(cfg.read_text())
         c["val"] = {"data": c["data"]["train"], "every": 2, "n": 1, "limit": 4}
         for s in steps:  # the second launch of "resumed" continues from its step-2 checkpoint

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_model
+from helpers.tiny_models import make_tiny_model
 from safetensors.torch import load_file
 
 from tandem_rlvr.training import core
@@ -119,7 +119,7 @@ def test_max_nonfinite_in_a_row_stops_with_a_checkpoint_and_resumes(tmp_path, to
 
 
 def test_cli_reports_the_nonfinite_stop_in_one_line(tmp_path, model_dirs, monkeypatch, capsys):
-    from test_cli_train import write_config
+    from helpers.run_files import write_config
 
     from tandem_rlvr.cli import main
 
@@ -134,7 +134,7 @@ def test_cli_reports_the_nonfinite_stop_in_one_line(tmp_path, model_dirs, monkey
 
 
 def test_nan_logits_during_rollout_is_a_clear_error(tmp_path, tokenizer, base_models):
-    from conftest import bias_token
+    from helpers.tiny_models import bias_token
 
     tr = _trainer(_cfg(tmp_path), tokenizer, base_models)
     bias_token(tr.pair.senior, 5, float("nan"))  # e.g. fp16 overflow or weights already corrupt

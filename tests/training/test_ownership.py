@@ -1,37 +1,18 @@
 """The fail-closed ownership check: a small batch's chance trains, a lost or wrong mask stops the run."""
 
-import copy
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from tandem_rlvr.config import load_config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.models import Pair, freeze
 from tandem_rlvr.training.ownership import FALSE_ALARM, check_ownership, coin_tolerance, row_disagreements
 from tandem_rlvr.engines.types import Rollout
 from tandem_rlvr.engines.handoff import Schedule
-from tandem_rlvr.training.trainer import make_trainer
-from conftest import make_tiny_model
-from test_trainer import EXAMPLES, length_reward
-
-
-@pytest.fixture(scope="module")
-def models(tokenizer):
-    return make_tiny_model(len(tokenizer), 0, 48), freeze(make_tiny_model(len(tokenizer), 1, 32))
-
-
-def _trainer(tmp_path, tokenizer, models, *extra):
-    cfg = load_config(None, [
-        "algo.arm=trlvr", "model.senior=unused", "model.junior=unused", "train.steps=3", "train.prompts_per_step=4",
-        "algo.group_size=4", "rollout.max_new_tokens=32", "handoff.schedule=word", "handoff.p=0.5", "train.seed=0",
-        f"train.out_dir={tmp_path / 'run'}", "train.save_every=0", "train.progress=false", "algo.lr=1e-3", *extra])
-    s, j = models
-    return make_trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer), reward_fn=length_reward,
-                   examples=EXAMPLES)
+from helpers.trainers import base_models as models  # noqa: F401 (fixture: the two tiny models)
+from helpers.trainers import word_trainer as _trainer
 
 
 def test_a_small_word_run_trains_through_its_sampling_noise(tmp_path, tokenizer, models):

@@ -1,6 +1,5 @@
 """Resume after SIGKILL is bit-exact: same senior weights and metrics rows as an uninterrupted run."""
 
-import json
 import os
 import random
 import signal
@@ -13,9 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_cli_train import write_config
-
-VOLATILE = ("time/",)  # wall-clock timings; every other key must match
+from helpers.paths import TESTS
+from helpers.run_files import count_metrics_rows as _n_rows, metrics_rows as _rows, write_config
 
 
 def _run(cfg, *extra, env=None):
@@ -26,18 +24,8 @@ def _run(cfg, *extra, env=None):
 def _env():
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     return env
-
-
-def _rows(run):
-    rows = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
-
-
-def _n_rows(run):
-    f = Path(run) / "metrics.jsonl"
-    return len(f.read_text().splitlines()) if f.exists() else 0
 
 
 def _kill_when(proc, predicate, timeout=120):
@@ -55,7 +43,7 @@ def test_sigkill_three_times_then_resume_is_bit_exact(tmp_path, model_dirs):
     steps = 8
     (tmp_path / "ref").mkdir()
     (tmp_path / "kill").mkdir()
-    reward = {"reward": "rewards_for_tests:length_reward"}
+    reward = {"reward": "helpers.rewards_for_tests:length_reward"}
     ref_cfg = write_config(tmp_path / "ref", model_dirs, data=reward, steps=steps, save_every=1, keep_last=2)
     kill_cfg = write_config(tmp_path / "kill", model_dirs, data=reward, steps=steps, save_every=1, keep_last=2)
     ref = _run(ref_cfg, env=_env())

@@ -2,7 +2,7 @@
 the remaining steps (counted), and ends bit-exact with an uninterrupted run.
 
 Runs are deterministic, so a trainer that silently started over would also end identical; counting the
-steps the resumed process executes is what tells the two apart. (tests/test_resume.py covers SIGKILLs
+steps the resumed process executes is what tells the two apart. (tests/training/test_resume.py covers SIGKILLs
 of the command line, during checkpoint writes included.)
 """
 
@@ -15,13 +15,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_tiny_model
+from helpers.tiny_models import make_tiny_model
+from helpers.trainers import examples, spread_reward
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import Pair, freeze
 from tandem_rlvr.training.trainer import Trainer, make_trainer
-from test_trainer_invariants import EXAMPLES, spread_reward
 
 STEPS, SAVE_EVERY, CRASH_AT = 4, 2, 3  # checkpoint at step 2; the crash comes in step 4 (index 3), after row 3
+EXAMPLES = examples(8)
 VOLATILE = ("time/",)  # wall-clock timings; every other key must match
 
 

@@ -2,56 +2,18 @@
 
 import copy
 import json
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from tandem_rlvr.training import core
-from tandem_rlvr.config import load_config
 from tandem_rlvr.engines.handoff import make_schedule
-from tandem_rlvr.models import Pair, freeze
 from tandem_rlvr.engines.rollout import generate
 from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.training.arms import ArmPlan
-from tandem_rlvr.training.trainer import TandemError, Trainer, make_trainer, loss_mask, sequence_logps
-from conftest import make_tiny_model
-
-
-@dataclass(frozen=True)
-class Ex:
-    id: str
-    problem: str
-    answer: str
-
-
-EXAMPLES = [Ex(str(i), f"What is {i} plus 1?", str(i + 1)) for i in range(12)]
-
-
-def length_reward(completion: str, gold: str) -> float:
-    """A reward with spread on random models (so advantages are not all zero)."""
-    return float(len(completion) % 3 == 0)
-
-
-@pytest.fixture(scope="module")
-def base_models(tokenizer):
-    return make_tiny_model(len(tokenizer), 0, 48), freeze(make_tiny_model(len(tokenizer), 1, 32))
-
-
-def _cfg(tmp_path, arm="trlvr", *extra):
-    over = [f"algo.arm={arm}", "model.senior=unused", "model.junior=unused", "train.steps=2",
-            "train.prompts_per_step=4", "algo.group_size=4", "algo.mini_batch_prompts=2",
-            "rollout.max_new_tokens=16", f"train.out_dir={tmp_path / arm}", "algo.lr=1e-3",
-            "train.save_every=0", "train.progress=false", *extra]
-    if arm == "kl_reg" and not any(e.startswith("algo.kl_beta") for e in extra):
-        over.append("algo.kl_beta=0.05")
-    return load_config(None, over)
-
-
-def _trainer(cfg, tokenizer, base_models):
-    s, j = base_models
-    return make_trainer(cfg, pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer),
-                   reward_fn=length_reward, examples=EXAMPLES)
+from tandem_rlvr.training.trainer import TandemError, Trainer, loss_mask, sequence_logps
+from helpers.trainers import EXAMPLES, base_models  # noqa: F401 (fixture)
+from helpers.trainers import tiny_trainer as _trainer, trainer_config as _cfg
 
 
 def test_junior_tokens_get_exactly_zero_gradient(tokenizer, base_models):

@@ -2,7 +2,8 @@
 ``Trainer.rewards`` works on a fresh trainer (no state that only ``train()`` sets)."""
 
 import pytest
-from test_trainer import EXAMPLES, _cfg, base_models  # noqa: F401 (fixture)
+from helpers.trainers import EXAMPLES, base_models  # noqa: F401 (fixture)
+from helpers.trainers import trainer_config as _cfg
 
 from tandem_rlvr.training import core
 from tandem_rlvr.config import ConfigError, load_config

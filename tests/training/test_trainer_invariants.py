@@ -17,37 +17,25 @@ computed here, independently of the trainer, it checks:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import bias_token, make_tiny_model, module_scope_unless_mutating
+from helpers.fixture_scopes import module_scope_unless_mutating
+from helpers.paths import ROOT
+from helpers.tiny_models import bias_token, make_tiny_model
+from helpers.trainers import examples, spread_reward
 from tandem_rlvr.training import core
 from tandem_rlvr.config import load_config
 from tandem_rlvr.models import Pair, freeze
 from tandem_rlvr.training.trainer import Trainer, make_trainer
 
-PAPER = Path(__file__).resolve().parents[1] / "configs" / "paper"
+PAPER = ROOT / "configs" / "paper"
 ARMS = ("trlvr", "grpo", "grpo_g16", "kl_reg")
 TOKEN_MEAN = ("dapo", "token_mean")
 EOS_BIAS = 2.0
-
-
-@dataclass(frozen=True)
-class Ex:
-    id: str
-    problem: str
-    answer: str
-
-
-EXAMPLES = [Ex(str(i), f"What is {i} plus 1?", str(i + 1)) for i in range(8)]
-
-
-def spread_reward(completion: str, gold: str) -> float:
-    """Deterministic partial credit with spread on random models (so nearly every group has std > 0)."""
-    return (len(completion) % 5) / 4.0
+EXAMPLES = examples(8)
 
 
 def paper_cfg(name: str, out_dir: Path, *extra: str):

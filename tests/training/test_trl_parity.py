@@ -35,7 +35,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from conftest import make_tiny_model  # noqa: E402
+from helpers.tiny_models import make_tiny_model  # noqa: E402
 
 from tandem_rlvr.training.core import group_advantages, policy_loss, token_logps  # noqa: E402
 
