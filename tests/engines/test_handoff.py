@@ -269,3 +269,28 @@ def test_make_schedule_pads_the_table_and_refuses_a_wordless_vocabulary(tokenize
     with pytest.raises(ValueError, match="no word-start tokens"):
         make_schedule("word", table=wordless)
     assert make_schedule("step", table=wordless).name == "step"
+
+
+# --- simulated owners, round limits, schedule defaults ----------------------------------------------
+
+
+def test_simulated_owner_is_a_long_mask():
+    owner, rounds = simulate(make_schedule("bernoulli", p=0.5), torch.zeros(3, 40, dtype=torch.long), seed=2)
+    assert owner.dtype == torch.long and set(owner.unique().tolist()) == {0, 1}
+    seen = 1 + (owner[:, 1:] != owner[:, :-1]).sum(1)  # turns visible in the stream; one more may start after it
+    assert ((rounds == seen) | (rounds == seen + 1)).all()
+
+
+def test_rounds_limits_and_schedule_defaults():
+    from tandem_rlvr.engines.handoff import CoinStream, Schedule, make_schedule, over_rounds
+
+    assert (over_rounds(3, 2), over_rounds(2, 2), over_rounds(1, None), over_rounds(0, None)) == (True, False, False, False)
+    assert bool(over_rounds(torch.tensor([0, 1, 5]), None).any()) is False
+    sch = make_schedule("chunk")
+    assert (sch.max_gap, sch.chunk_size) == (32, 16)  # the paper's K = 32
+    assert make_schedule("chunk", max_gap=1, chunk_size=1).chunk_size == 1
+    for bad in ({"max_gap": 0}, {"chunk_size": 0}):
+        with pytest.raises(ValueError, match="max_gap and chunk_size must be >= 1"):
+            make_schedule("chunk", **bad)
+    state = Schedule("bernoulli").start(CoinStream(3, 0.5, 0))
+    assert state.gap_B.dtype == torch.long and state.rounds_B.dtype == torch.long and state.t == 0

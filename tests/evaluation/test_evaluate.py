@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import math
 import sys
 import types
 import zlib
@@ -20,12 +21,16 @@ import torch
 
 from helpers.tiny_models import make_tiny_model
 from tandem_rlvr.evaluation.evaluate import (
+    ModeResult,
     chain_scores,
     drift_kl,
     eval_sampling,
     evaluate_pair,
     junior_legibility,
+    pass_metrics,
+    tax_metrics,
 )
+from tandem_rlvr.evaluation.metrics import pass_at_k
 from tandem_rlvr.evaluation.validation import validate
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.engines.rollout import generate
@@ -545,3 +550,38 @@ def test_report_tables_and_missing_values(tmp_path):
     assert "| x | 2 | 50.0 | +10.0 |" in seniors_table({"x": res})
     paths = write_eval_report(tmp_path, {"x": res})
     assert [p.name for p in paths] == ["eval.md", "handoff_curve.png"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# pass@k and tax of an evaluation, by hand
+# ---------------------------------------------------------------------------------------------------
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_tax_is_signed_percentage_points_of_solo_minus_handoff():
+    solo = ModeResult(rewards=[[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    hand = ModeResult(rewards=[[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0]])
+    d = [0.75 - 0.25, 0.25 - 0.0, 1.0 - 0.5]
+    se = math.sqrt(sum((x - _mean(d)) ** 2 for x in d) / 2 / 3)
+    t = tax_metrics(solo, hand)
+    assert t["communication_tax"] == pytest.approx(100 * _mean(d))  # 33.3 points
+    assert t["communication_tax_se"] == pytest.approx(100 * se)
+    back = tax_metrics(hand, solo)  # a handoff that helps is a negative tax
+    assert back["communication_tax"] == pytest.approx(-100 * _mean(d))
+    assert back["communication_tax_se"] == pytest.approx(100 * se)
+
+
+def test_pass_metrics_of_a_mode():
+    res = ModeResult(rewards=[[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]], n_tokens=[3, 5, 7, 9, 11, 13, 2, 4],
+                      finished=[True, False, True, True, False, True, True, True])
+    m = pass_metrics("solo", res, (1, 2, 8))
+    assert set(m) == {"solo_pass@1", "solo_pass@2", "solo_pass@1_se", "solo_len", "solo_finished"}
+    assert m["solo_pass@1"] == pytest.approx((0.25 + 0.75) / 2)
+    assert m["solo_pass@2"] == pytest.approx((pass_at_k(4, 1, 2) + pass_at_k(4, 3, 2)) / 2)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5) and pass_at_k(4, 3, 2) == pytest.approx(1.0)
+    assert m["solo_pass@1_se"] == pytest.approx(math.sqrt(((0.25 - 0.5) ** 2 + (0.75 - 0.5) ** 2) / 1 / 2))
+    assert m["solo_len"] == pytest.approx(_mean([3, 5, 7, 9, 11, 13, 2, 4]))
+    assert m["solo_finished"] == pytest.approx(6 / 8)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tandem_rlvr.evaluation import metrics as M
+from tandem_rlvr.evaluation.metrics import mean_pass_at_k, pass_at_ks
 
 
 def closed_form(n: int, c: int, k: int) -> float:
@@ -118,3 +119,11 @@ def test_macro_average():
     assert m["junior_ce"] == 2.0
     assert "only_a" not in m
     assert M.macro_average({}) == {}
+
+
+def test_pass_at_k_counts_rewards_at_the_threshold_and_single_samples():
+    assert mean_pass_at_k([[0.5, 0.0]], 1) == pytest.approx(0.5)  # reward == threshold is correct
+    assert mean_pass_at_k([[1.0], [0.0], [1.0], [0.2]], 1) == pytest.approx(0.5)  # one sample per problem
+    rewards = [[0.7, 0.2, 1.0], [0.7, 0.7, 0.0]]
+    assert pass_at_ks(rewards, (1, 2), threshold=1.0) == pytest.approx({1: (1 / 3 + 0) / 2, 2: (2 / 3 + 0) / 2})
+    assert pass_at_ks(rewards, (1,)) == pytest.approx({1: (2 / 3 + 2 / 3) / 2})

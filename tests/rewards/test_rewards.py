@@ -395,3 +395,112 @@ def test_boxed_exact_needs_no_worker():
     assert rewards == [1.0, 0.0]
     assert all(w.proc is None for w in sc._workers)
     sc.close()
+
+
+def test_workers_that_cannot_start_score_errors_and_the_batch_returns(monkeypatch):
+    """No verifier process can start: each worker is tried twice per batch (start, then one retry round),
+    the batch returns at once with every check scored 0 and counted as an error; failed starts are not
+    counted as restarts of a working worker."""
+    import time
+
+    from tandem_rlvr.rewards import RewardScorer, workers
+
+    attempts = []
+
+    def no_process(self):
+        attempts.append(self)
+        raise OSError("no processes allowed")
+
+    monkeypatch.setattr(workers.Worker, "start", no_process)
+    with RewardScorer("math", num_workers=2, time_limit=1.0) as sc:
+        t0 = time.monotonic()
+        rewards, stats = sc.score([r"\boxed{2}", r"\boxed{3}", r"\boxed{x}"], ["2", "3", "4"])
+        took = time.monotonic() - t0
+    assert rewards == [0.0, 0.0, 0.0] and stats["reward/errors"] == 3.0 and stats["reward/worker_restarts"] == 0.0
+    assert len(attempts) == 4 and took < 5.0
+
+
+def test_a_fresh_scorers_first_batch_starts_workers_without_counting_restarts():
+    from tandem_rlvr.rewards import RewardScorer
+
+    with RewardScorer("math", num_workers=1, time_limit=5.0) as sc:
+        rewards, stats = sc.score([r"\boxed{2}", r"\boxed{5}"], ["2", "3"])
+        assert rewards == [1.0, 0.0] and stats["reward/worker_restarts"] == 0.0 and stats["reward/errors"] == 0.0
+        w = sc._workers[0]
+        w.kill()  # gone between batches (as after close of a connection): the next batch starts it again, uncounted
+        rewards, stats = sc.score([r"\boxed{3}"], ["3"])
+        assert rewards == [1.0] and stats["reward/worker_restarts"] == 0.0
+
+
+def test_a_worker_that_dies_mid_check_scores_an_error_and_is_restarted():
+    """A verifier process killed in the middle of a check: that check is an error (not a timeout, not a
+    pass), the worker's restart is counted, and the replacement scores the next batch."""
+    import threading
+
+    from tandem_rlvr.rewards import RewardScorer
+
+    with RewardScorer(num_workers=1, time_limit=30.0, soft_limit_fraction=10.0) as sc:
+        sc.start()
+        threading.Timer(1.0, sc._workers[0].proc.kill).start()
+        rewards, stats = sc.score([TOWER, r"\boxed{7}"], ["1", "8"])
+        assert rewards == [0.0, 0.0] and stats["reward/errors"] == 1.0 and stats["reward/timeouts"] == 0.0
+        assert stats["reward/worker_restarts"] == 1.0
+        assert sc.score([r"\boxed{2}"], ["2"])[0] == [1.0]
+
+
+def test_the_soft_limit_is_a_fraction_of_the_limit_and_the_hard_kill_keeps_short_limits():
+    """A check past ``soft_limit_fraction`` of the limit gives up inside the worker (a timeout, no restart);
+    a soft limit past the hard one leaves the parent to kill at the limit, also for limits under a second."""
+    import time
+
+    from tandem_rlvr.rewards import RewardScorer
+
+    for limit, frac, soft in ((1.0, 0.5, 0.5), (2.0, 0.5, 1.0)):
+        with RewardScorer(num_workers=1, time_limit=limit, soft_limit_fraction=frac) as sc:
+            sc.start()
+            t0 = time.monotonic()
+            rewards, stats = sc.score([TOWER], ["1"])
+            took = time.monotonic() - t0
+        assert rewards == [0.0] and stats["reward/timeouts"] == 1.0 and stats["reward/worker_restarts"] == 0.0
+        assert soft - 0.1 <= took <= soft + SLACK, (limit, took)
+    with RewardScorer(num_workers=1, time_limit=0.5, soft_limit_fraction=10.0) as sc:
+        sc.start()
+        t0 = time.monotonic()
+        rewards, stats = sc.score([TOWER], ["1"])
+        took = time.monotonic() - t0
+    assert stats["reward/timeouts"] == 1.0 and stats["reward/worker_restarts"] == 1.0 and 0.5 <= took <= 0.5 + SLACK
+
+
+@pytest.mark.parametrize("how", ["slow_start", "dies_at_start"])
+def test_workers_that_never_get_ready_score_errors_uncounted(monkeypatch, how):
+    """A worker that does not report ready within ``start_timeout``, or whose process exits before it is ready:
+    the batch returns in bounded time with its checks as errors; no start counts as a worker restart."""
+    import subprocess
+    import sys
+    import time
+
+    from tandem_rlvr.rewards import RewardScorer, workers
+
+    kw = {}
+    if how == "slow_start":
+        kw["start_timeout"] = 0.05  # importing math-verify takes longer than this
+    else:
+        monkeypatch.setattr(workers.Worker, "_launch", lambda self, child: subprocess.Popen(
+            [sys.executable, "-c", "pass"], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL))
+    with RewardScorer("math", num_workers=2, time_limit=1.0, **kw) as sc:
+        t0 = time.monotonic()
+        rewards, stats = sc.score([r"\boxed{2}", r"\boxed{3}"], ["2", "3"])
+        took = time.monotonic() - t0
+    assert rewards == [0.0, 0.0] and stats["reward/errors"] == 2.0 and stats["reward/worker_restarts"] == 0.0
+    assert took < 10.0
+
+
+def test_reward_scorer_stats_differ_between_equal_calls_only_under_time():
+    from tandem_rlvr.rewards import RewardScorer
+
+    texts, golds = ["so \\boxed{2}", "\\boxed{3}", "no box"], ["2", "2", "2"]
+    with RewardScorer("math", time_limit=5.0, num_workers=1) as sc:
+        a, b = sc.score(texts, golds)[1], sc.score(texts, golds)[1]
+    timings = {k for k in a if "second" in k or k.endswith("_s")}
+    assert timings and all(k.startswith("time/") for k in timings), timings
+    assert {k: v for k, v in a.items() if not k.startswith("time/")} == {k: v for k, v in b.items() if not k.startswith("time/")}

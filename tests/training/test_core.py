@@ -343,3 +343,81 @@ def test_metrics_are_python_floats():
     assert set(m) == expected
     assert all(type(v) is float for v in m.values())
     assert m["train/ratio_mean"] == pytest.approx(1.0) and m["kl/policy_ref"] == pytest.approx(0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# edge cases: chunk weights, shapes, defaults, the smallest counts
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_chunk_weights_and_process_scale_by_hand():
+    from tandem_rlvr.training import core
+
+    assert core.chunk_weight("dapo", 2, 8, num_processes=4) == (4.0, 1.0)  # undo DDP's average; loss as is
+    assert core.chunk_weight("token_mean", 3, 8) == (1.0, 1.0)
+    assert core.chunk_weight("grpo", 2, 8, num_processes=4) == (0.25, 0.25)  # per-sequence: share of rows
+    assert core.chunk_weight("dr_grpo", 3, 12) == (0.25, 0.25)
+    assert (core.process_scale("dapo", 4), core.process_scale("token_mean", 3)) == (4, 3)
+    assert (core.process_scale("grpo", 4), core.process_scale("dr_grpo", 4)) == (1, 1)
+    with pytest.raises(ValueError, match="unknown loss_type"):
+        core.chunk_weight("ppo", 1, 1)
+
+
+def test_k3_kl_checks_its_reference_shape():
+    from tandem_rlvr.training import core
+
+    with pytest.raises(ValueError, match=r"ref_logps_BT has shape \(2, 3\), expected \(2, 4\)"):
+        core.k3_kl(torch.zeros(2, 4), torch.zeros(2, 3))
+
+
+def test_advantages_default_eps_dtype_and_empty_batch():
+    from tandem_rlvr.training import core
+
+    adv, _ = core.group_advantages(torch.tensor([1.0, 0.0, 0.0]), 3)  # std = sqrt(1/3), mean 1/3
+    s = math.sqrt(1 / 3)
+    assert adv.tolist() == pytest.approx([(2 / 3) / (s + 1e-6), (-1 / 3) / (s + 1e-6), (-1 / 3) / (s + 1e-6)], rel=1e-6)
+    assert core.group_advantages(torch.tensor([1.0, 0.0], dtype=torch.float64), 2)[0].dtype == torch.float64
+    assert core.group_advantages(torch.tensor([1, 0]), 2)[0].dtype == torch.float32
+    with pytest.raises(ValueError, match="positive multiple"):
+        core.group_advantages(torch.zeros(0), 2)
+
+
+def test_token_logps_at_temperature_two():
+    from tandem_rlvr.training import core
+
+    logits = torch.tensor([[[1.0, 3.0, -2.0], [0.5, 0.0, 4.0]]])
+    ids = torch.tensor([[1, 2]])
+    want = torch.log_softmax(logits / 2.0, -1).gather(-1, ids[..., None])[..., 0]
+    assert torch.allclose(core.token_logps(logits, ids, temperature=2.0), want)
+
+
+def test_aggregate_accepts_the_smallest_positive_counts():
+    from tandem_rlvr.training import core
+
+    v, m = torch.tensor([[2.0, 4.0]]), torch.tensor([[1, 0]])
+    assert float(core.aggregate(v, m, "dr_grpo", max_len=1)) == pytest.approx(2.0)
+    assert float(core.aggregate(v, m, "dapo", num_tokens=1)) == pytest.approx(2.0)
+
+
+def test_policy_loss_kl_term_is_plain_by_default_and_dr_grpo_uses_max_len():
+    """ratio != 1: the default KL term is beta * k3 (not ratio * k3); dr_grpo divides by B * max_len."""
+    from tandem_rlvr.training import core
+
+    lp, old, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.tensor([[-0.5, -2.5]])
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 2)
+    r = torch.exp(lp - old)
+    pg = -torch.minimum(r * 1.0, r.clamp(0.8, 1.2) * 1.0)
+    k3 = torch.exp(ref - lp) - (ref - lp) - 1
+    got, _ = core.policy_loss(lp, old, adv, mask, loss_type="dapo", kl_beta=0.1, ref_logps_BT=ref)
+    assert float(got) == pytest.approx(float((pg + 0.1 * k3).sum() / 2), rel=1e-6)
+    got, _ = core.policy_loss(lp, old, adv, mask, loss_type="dr_grpo", max_len=10)
+    assert float(got) == pytest.approx(float(pg.sum() / 10), rel=1e-6)
+
+
+def test_an_empty_mask_allowed_is_an_exact_zero_with_zero_gradient():
+    from tandem_rlvr.training import core
+
+    lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    loss, met = core.policy_loss(lp, lp.detach(), torch.tensor([1.0]), torch.zeros(1, 2), allow_empty=True)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and met == {} and torch.equal(lp.grad, torch.zeros(1, 2))

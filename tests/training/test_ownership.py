@@ -1,6 +1,7 @@
 """The fail-closed ownership check: a small batch's chance trains, a lost or wrong mask stops the run."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -186,3 +187,28 @@ def test_coin_check_boundaries(tmp_path):
         check_ownership(_recorded([[1, 0]], [[1, -1]], "word"), Schedule("word", p=0.5), budget=2)
     with pytest.raises(TandemError, match="at 1 rows \\(text bridge: per-row check\\)"):
         check_ownership(_bridge_like([[1, 1]], [1], [0]), Schedule("step", p=0.5), budget=2)
+
+
+def test_coin_tolerance_by_hand():
+    from tandem_rlvr.training.ownership import coin_tolerance
+
+    assert coin_tolerance(100, 1000, 1e-6) == pytest.approx(0.3272340, rel=1e-6)  # sqrt(ln(2000 / 1e-6) / 200)
+    assert coin_tolerance(1, 1, 1e-6) == pytest.approx(2.693386, rel=1e-6)  # sqrt(ln(2 / 1e-6) / 2)
+    assert coin_tolerance(5, 2, 1e-6) == pytest.approx(1.269571, rel=1e-6)  # N is at least n: sqrt(ln(10 / 1e-6) / 10)
+    assert math.isfinite(coin_tolerance(0, 0))
+
+
+def test_the_senior_share_band_is_closed():
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.errors import TandemError
+    from tandem_rlvr.engines.handoff import Schedule
+    from tandem_rlvr.training.arms import check_senior_frac
+
+    cfg = load_config(None, ["algo.arm=trlvr", "model.senior=unused", "model.junior=unused",
+                                 "algo.senior_frac_band=[0.25,0.75]"])
+    sched = Schedule("word", p=0.5)
+    check_senior_frac(0.25, cfg.senior_band(), sched)
+    check_senior_frac(0.75, cfg.senior_band(), sched)
+    for frac in (0.2499, 0.7501):
+        with pytest.raises(TandemError, match="outside algo.senior_frac_band"):
+            check_senior_frac(frac, cfg.senior_band(), sched)
