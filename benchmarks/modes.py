@@ -1,7 +1,7 @@
 """Lockstep vs catch-up (DESIGN.md "The dual decoder"): which forward pattern is cheaper, where?
 
 Same models, prompts, seed and token count in both modes (the engine gives identical tokens, owners
-and log-probs either way; tests/test_rollout.py checks it). Reported per setting: time ratio
+and log-probs either way; tests/engines/test_rollout.py checks it). Reported per setting: time ratio
 catch-up ÷ lockstep (< 1: catch-up wins) and the number of model forwards in each mode.
 
 Settings: word turns (p = 0.5) on a training-size batch and on one row; 32-token chunks (long turns)

@@ -11,7 +11,7 @@ old log-probs, advantages), no generation, on both sides:
 
 Same model weights (two copies of one random init), loss ``grpo``, ε = 0.2, β = 0, temperature 0.6,
 max grad norm 1.0, lr 1e-6, fp32. The ownership mask goes to TRL as its ``tool_mask``
-(tests/test_trl_parity.py shows the two losses and gradients agree). Target: ours ÷ TRL ≤ 0.8.
+(tests/training/test_trl_parity.py shows the two losses and gradients agree). Target: ours ÷ TRL ≤ 0.8.
 
 ``P3-proposed`` (a what-if, not the shipped trainer): the same ``_minibatch`` with two changes the
 profile points at, applied by patching in this process only: (1) the whole step inside

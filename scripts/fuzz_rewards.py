@@ -12,7 +12,7 @@ limit). Prints one summary line::
     fuzz_rewards: n=10000 max_latency_s=0.862 over_limit=0 timeouts=812 errors=3 exceptions=0 ...
 
 and exits 1 if any call raised, returned something other than 0.0 / 1.0, or took longer than
-``limit + slack``. ``tests/test_reward_fuzz.py`` runs the same strategies on a few dozen examples.
+``limit + slack``. ``tests/rewards/test_reward_fuzz.py`` runs the same strategies on a few dozen examples.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 
 Every line ``config-help`` prints is one key (``section.key (default D): doc``) or one evaluation option
 (``eval name (default D): doc``); a line of another shape is an error, so a change to ``config-help``'s
-format shows here (and in tests/test_docs.py) instead of silently dropping keys.
+format shows here (and in tests/tooling/test_docs.py) instead of silently dropping keys.
 """
 
 from __future__ import annotations

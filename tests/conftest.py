@@ -12,6 +12,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
+from helpers.tiny_models import CORPUS, make_tiny_model
+
 # Tiny models: one intra-op thread is faster than two and immune to a busy machine.
 torch.set_num_threads(1)
 
@@ -20,15 +22,6 @@ def pytest_configure(config):
     """TANDEM_SLOW=1 runs the slow tests too: it lifts pyproject's default ``-m 'not slow'``."""
     if os.environ.get("TANDEM_SLOW") == "1" and config.option.markexpr == "not slow":
         config.option.markexpr = ""
-
-CORPUS = [
-    "What is 3 plus 4? Step 1: 3 + 4 = 7.\n\nSo the answer is \\boxed{7}.",
-    "Tom has 12 apples and gives away 5. 12 - 5 = 7.\n\nThe answer is \\boxed{7}.",
-    "Solve the following math problem step by step. Put your final answer inside \\boxed{}, "
-    "like \\boxed{42} or \\boxed{\\frac{1}{2}}.",
-    "First we multiply 6 by 7 to get 42.\n\nThen we add 8 to get 50.\n\nAnswer: \\boxed{50}",
-    "The quick brown fox jumps over the lazy dog. Numbers 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15.",
-] * 20
 
 
 @pytest.fixture(scope="session")
@@ -70,34 +63,6 @@ def _mutant_wall_clock():
         faulthandler.cancel_dump_traceback_later()
 
 
-def module_scope_unless_mutating(fixture_name: str, config) -> str:
-    """Scope of fixtures that run the trainer once for many tests: per module, but per test under mutmut
-    (``MUTANT_UNDER_TEST`` set), which maps each test to the functions it calls and would otherwise credit
-    the shared call to the first test only (``make mutate`` then skips the tests that check the result)."""
-    return "function" if os.environ.get("MUTANT_UNDER_TEST") else "module"
-
-
-def make_tiny_model(vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, arch: str = "qwen2"):
-    """A tiny random causal LM from a transformers config (≈ 30k–100k parameters)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    kw = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-    )
-    if arch == "llama":
-        return LlamaForCausalLM(LlamaConfig(**kw)).eval()
-    return Qwen2ForCausalLM(Qwen2Config(**kw)).eval()
-
-
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory, tokenizer, tokenizer_dir):
     """Two tiny saved models (senior, junior) sharing the fixture tokenizer; returns (senior_dir, junior_dir)."""
@@ -113,22 +78,10 @@ def model_dirs(tmp_path_factory, tokenizer, tokenizer_dir):
     return tuple(out)
 
 
-def bias_token(model, token_id: int, bias: float):
-    """Add ``bias`` to one token's logit in every forward (e.g. make a model emit EOS early)."""
-
-    def hook(_module, _inputs, output):
-        output = output.clone()
-        output[..., token_id] += bias
-        return output
-
-    model.get_output_embeddings().register_forward_hook(hook)
-    return model
-
-
 @pytest.fixture(scope="session")
 def world(tmp_path_factory):
     """The built-in world as a user gets it: the shipped copy, installed once per test session into a
-    temporary cache: (paths, install seconds). Rebuilds are tested in test_world.py (slow)."""
+    temporary cache: (paths, install seconds). Rebuilds are tested in world/test_world.py (slow)."""
     import time
 
     from tandem_rlvr.world.build import build_world

@@ -5,32 +5,8 @@ import json
 import pytest
 import yaml
 
+from helpers.run_files import write_config
 from tandem_rlvr.cli import main
-
-
-def write_data(path, n=12):
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"problem": f"What is {i} plus 1?", "answer": str(i + 1)}) + "\n")
-    return path
-
-
-def write_config(tmp_path, model_dirs, arm="trlvr", data=None, **train):
-    senior, junior = model_dirs
-    cfg = {
-        "model": {"senior": str(senior), "junior": str(junior)},
-        "algo": {"arm": arm, "group_size": 4, "mini_batch_prompts": 2, "lr": 1e-3,
-                 **({"kl_beta": 0.05} if arm == "kl_reg" else {})},
-        "handoff": {"schedule": "word", "p": 0.5},
-        "rollout": {"max_new_tokens": 12, "temperature": 1.0},
-        "train": {"steps": 3, "prompts_per_step": 4, "save_every": 2, "out_dir": str(tmp_path / "run"),
-                  "progress": False, **train},
-        "data": {"train": str(write_data(tmp_path / "train.jsonl")), "reward": "math", "reward_workers": 1,
-                 **(data or {})},
-    }
-    p = tmp_path / "cfg.yaml"
-    p.write_text(yaml.safe_dump(cfg))
-    return p
 
 
 @pytest.mark.parametrize("arm", ["trlvr", "grpo", "kl_reg"])

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import make_tiny_model
+from helpers.tiny_models import make_tiny_model
 
 from tandem_rlvr.cli import main
 from tandem_rlvr.context import ModelContext, fit_context, model_context

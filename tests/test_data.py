@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import types
 
 import pytest
 
+from helpers.run_files import write_jsonl as _jsonl
+from helpers.time_guard import no_hang  # noqa: F401 (autouse: a case over a minute fails instead of hanging)
 from tandem_rlvr import data as D
 from tandem_rlvr.data import (
     BENCHMARKS,
+    PLAIN_PROMPT_TEMPLATE,
     PROMPT_SUFFIX,
     DataError,
     Example,
@@ -345,3 +349,68 @@ def test_the_builtin_worlds_load_without_importing_the_world_first(tmp_path):
                          env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["arith-test-00000", "short-test-00000"]
+
+
+# ------------------------------------------------------------------------------------------------
+# bad files and rows: errors name the file, line or column; skips are counted
+
+
+def test_data_missing_file_and_empty_file(tmp_path):
+    with pytest.raises(DataError, match=r"data: .*missing\.jsonl: no such file"):
+        load_examples(str(tmp_path / "missing.jsonl"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match=r"empty\.jsonl: no usable row \(the file has no rows\)"):
+        load_examples(str(empty))
+
+
+def test_data_missing_column_lists_the_available_ones(tmp_path):
+    f = _jsonl(tmp_path / "q.jsonl", [{"question": "1+1?", "answer": "2"}])
+    with pytest.raises(DataError, match=r"q\.jsonl: no column 'problem'; available columns: 'question', 'answer'"):
+        load_examples(str(f))
+
+
+def test_data_empty_answers_are_counted_skips(tmp_path, caplog):
+    f = _jsonl(tmp_path / "a.jsonl", [{"problem": "1+1?", "answer": ""}, {"problem": "2+2?", "answer": "  "},
+                                      {"problem": "3+3?", "answer": "6"}, {"problem": "4+4?"}])
+    with caplog.at_level(logging.WARNING, logger="tandem_rlvr.data"):
+        ex = load_examples(str(f))
+    assert [e.answer for e in ex] == ["6"]
+    assert "a.jsonl: kept 1 rows, skipped 3 (empty answer: 2, missing answer: 1)" in caplog.text
+    only_bad = _jsonl(tmp_path / "b.jsonl", [{"problem": "1+1?", "answer": ""}])
+    with pytest.raises(DataError, match=r"b\.jsonl: no usable row \(1 rows skipped\)"):
+        load_examples(str(only_bad))
+
+
+def test_data_non_utf8_bytes_name_file_byte_and_line(tmp_path):
+    f = tmp_path / "latin.jsonl"
+    f.write_bytes(b'{"problem": "ok", "answer": "1"}\n{"problem": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(DataError, match=r"latin\.jsonl: not valid UTF-8 \(byte 49, line 2\)"):
+        load_examples(str(f))
+
+
+def test_data_one_megabyte_problem_is_skipped_and_counted(tmp_path, caplog):
+    f = _jsonl(tmp_path / "big.jsonl", [{"problem": "x" * 1_000_000, "answer": "1"}, {"problem": "1+1?", "answer": "2"}])
+    with caplog.at_level(logging.WARNING, logger="tandem_rlvr.data"):
+        ex = load_examples(str(f))
+    assert [e.problem for e in ex] == ["1+1?"]
+    assert "skipped 1 (problem over 100000 chars: 1)" in caplog.text
+
+
+def test_data_bad_json_line_is_named(tmp_path):
+    f = tmp_path / "broken.jsonl"
+    f.write_text('{"problem": "a", "answer": "1"}\n{"problem": \n')
+    with pytest.raises(DataError, match=r"broken\.jsonl: bad JSON on line 2"):
+        load_examples(str(f))
+
+
+def test_no_chat_template_falls_back_to_plain_prompt_with_one_warning(tokenizer, monkeypatch, caplog):
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = None
+    monkeypatch.setattr(D, "_WARNED_PLAIN", set())
+    with caplog.at_level(logging.WARNING, logger="tandem_rlvr.data"):
+        a, b = render_prompt(tok, "What is 2?"), render_prompt(tok, "What is 3?")
+    assert a == PLAIN_PROMPT_TEMPLATE.format(user_turn=D.build_user_turn("What is 2?"))
+    assert b.startswith("Question: What is 3?") and b.endswith("\nAnswer:")
+    warnings = [r for r in caplog.records if "no chat template" in r.getMessage()]
+    assert len(warnings) == 1  # once per tokenizer, not once per prompt

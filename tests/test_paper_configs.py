@@ -1,13 +1,11 @@
 """configs/paper/ and configs/accelerate/: they load, validate and hold the paper's values (METHOD.md §2-§5)."""
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from tandem_rlvr.config import load_config
+from helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "configs" / "paper"
 TRAIN = ("trlvr", "grpo", "grpo_g16", "kl_reg")
 # What the baselines may change relative to trlvr.yaml (METHOD §4): nothing else.

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny_model
+from helpers.tiny_models import make_tiny_model
 
 import tandem_rlvr
 from tandem_rlvr.config import load_config

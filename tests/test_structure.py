@@ -8,7 +8,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "tandem_rlvr"
+from helpers.paths import ROOT
+
+SRC = ROOT / "src" / "tandem_rlvr"
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 

@@ -7,7 +7,8 @@ import pytest
 from tandem_rlvr import trackers
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.training.trainer import Trainer
-from test_ownership import _trainer, models  # noqa: F401 (fixture)
+from helpers.trainers import base_models as models  # noqa: F401 (fixture: the two tiny models)
+from helpers.trainers import word_trainer as _trainer
 
 
 def test_a_missing_tracker_package_is_a_clear_error_before_training(tmp_path, tokenizer, models, monkeypatch):  # noqa: F811

@@ -1,0 +1,78 @@
+"""What a rollout engine loads (tandem_rlvr.engines.weights): an FSDP2-sharded senior streamed one unit at a time
+gives the full model's tensors under its names, cast to the engine's dtype, in two gloo processes; a plain model
+its parameters (LoRA merging: tests/engines/test_vllm.py)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.tiny_models import make_tiny_model
+
+from tandem_rlvr.engines.weights import engine_weights
+
+SCRIPT = r'''
+import json, sys, torch, torch.distributed as dist
+from transformers import AutoModelForCausalLM
+from tandem_rlvr.engines.weights import engine_weights, fsdp_units
+from tandem_rlvr.training import fsdp
+dist.init_process_group("gloo")
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+ref = {n: p.detach().clone() for n, p in model.named_parameters()}
+fsdp.shard(model, sys.argv[2])
+units = [(prefix, names) for prefix, _, names in fsdp_units(model)]
+order, diff, dtypes = [], 0.0, set()
+with engine_weights(model, torch.bfloat16) as weights:
+    for name, t in weights:
+        order.append(name)
+        dtypes.add(str(t.dtype))
+        diff = max(diff, float((t.float() - ref[name].to(torch.bfloat16).float()).abs().max()))
+        assert t.shape == ref[name].shape, name
+still_sharded = all(type(p).__name__ == "DTensor" for p in model.parameters())
+if dist.get_rank() == 0:
+    json.dump({"order": order, "ref": list(ref), "diff": diff, "dtypes": sorted(dtypes), "units": units,
+               "sharded": still_sharded}, open(sys.argv[3], "w"))
+'''
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+@pytest.mark.parametrize("mode", ["full", "zero2"])
+def test_a_sharded_senior_streams_unit_by_unit_to_the_full_weights(tmp_path, tokenizer, mode):
+    import os
+    import socket
+
+    make_tiny_model(len(tokenizer), 0, 32, layers=3).save_pretrained(str(tmp_path / "m"))
+    (tmp_path / "run.py").write_text(SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+        procs.append(subprocess.Popen([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "m"), mode,
+                                       str(tmp_path / "out.json")], env=env, stderr=subprocess.PIPE, text=True))
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs[0][-2000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert sorted(out["order"]) == sorted(out["ref"]) and len(out["order"]) == len(out["ref"])
+    assert out["diff"] == 0.0 and out["dtypes"] == ["torch.bfloat16"]
+    assert out["sharded"], "every unit is resharded after it was streamed"
+    prefixes = [p for p, _ in out["units"]]
+    assert prefixes == ["", "model.layers.0.", "model.layers.1.", "model.layers.2."]  # the root's own first
+    assert set(out["units"][0][1]) == {n for n in out["ref"] if not n.startswith("model.layers.")}
+    assert "model.embed_tokens.weight" in out["units"][0][1]
+    streamed = [n for p, names in out["units"] for n in (p + x for x in names)]
+    assert streamed == out["order"], "each unit's tensors come together, in unit order"
+
+
+def test_a_plain_model_yields_its_parameters_cast_only_where_asked(tokenizer):
+    model = make_tiny_model(len(tokenizer), 0, 32)
+    with engine_weights(model) as weights:
+        same = dict(weights)
+    assert all(same[n] is not None and same[n].data_ptr() == p.data_ptr() for n, p in model.named_parameters())
+    with engine_weights(model, torch.float16) as weights:
+        half = dict(weights)
+    assert {t.dtype for t in half.values()} == {torch.float16} and list(half) == list(same)

@@ -1,0 +1,91 @@
+"""Model loading refuses bad models with one clear message naming the culprit (the model path, a directory
+without config.json or tokenizer files, a model that is no causal LM, tokenizers that do not match, a
+tokenizer with neither a pad nor an EOS token); never a bare traceback, never a hang."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from helpers.time_guard import no_hang  # noqa: F401 (autouse: a case over a minute fails instead of hanging)
+from helpers.tiny_models import CORPUS, make_tiny_model
+from helpers.tiny_models import save_vision_model as _save_vision_model
+from tandem_rlvr.config import load_config
+from tandem_rlvr.models import ModelLoadError, load_causal_lm, load_pair, load_tokenizer
+
+
+def test_missing_model_paths_are_named(tmp_path, model_dirs):
+    senior, junior = model_dirs
+    missing = str(tmp_path / "no_such_model")
+    cfg = load_config(None, [f"model.senior={missing}", f"model.junior={junior}"])
+    with pytest.raises(ModelLoadError, match=rf"senior model path '{missing}' does not exist"):
+        load_pair(cfg.model)
+    cfg = load_config(None, [f"model.senior={senior}", f"model.junior={missing}"])
+    with pytest.raises(ModelLoadError, match=rf"junior model path '{missing}' does not exist"):
+        load_pair(cfg.model)
+    # a directory without config.json
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(ModelLoadError, match=r"senior model directory '.*empty_dir' has no config.json"):
+        load_causal_lm(str(tmp_path / "empty_dir"))
+
+
+def test_unknown_hub_name_offline_is_one_line():
+    with pytest.raises(ModelLoadError) as e:
+        load_tokenizer("no-such-org-xyz/no-such-model", role="junior")
+    msg = str(e.value)
+    assert "junior tokenizer from 'no-such-org-xyz/no-such-model'" in msg and "not a local path" in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("kind", ["vit", "clip_vision"])
+def test_non_causal_model_dir_is_refused(tmp_path, tokenizer, kind):
+    d = _save_vision_model(tmp_path / kind, kind, tokenizer)
+    with pytest.raises(ModelLoadError, match=rf"senior model '{d}' \(model_type='{kind}(_model)?'\) is not a causal LM"):
+        load_causal_lm(str(d))
+
+
+def test_model_dir_without_tokenizer_files_is_named(tmp_path, model_dirs):
+    d = _save_vision_model(tmp_path / "vit_only", "vit")
+    cfg = load_config(None, [f"model.senior={d}", f"model.junior={model_dirs[1]}"])
+    with pytest.raises(ModelLoadError, match=rf"senior model directory '{d}' has no tokenizer files"):
+        load_pair(cfg.model)
+
+
+def test_senior_and_junior_with_different_vocabularies(tmp_path, model_dirs):
+    from tandem_rlvr.world.tokenizer import build_tokenizer
+
+    other = tmp_path / "other_vocab"
+    corpus = ["alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"] * 30 + CORPUS[:2]
+    tok2 = build_tokenizer(corpus, vocab_size=300, out_dir=other)
+    make_tiny_model(len(tok2), seed=3).save_pretrained(str(other))
+    cfg = load_config(None, [f"model.senior={model_dirs[0]}", f"model.junior={other}"])
+    with pytest.raises(ModelLoadError, match=rf"tokenizers of senior '{model_dirs[0]}' .* and junior '{other}' .*"
+                                             r"are not compatible: \d+ tokens only in the senior's"):
+        load_pair(cfg.model)
+
+
+def test_tokenizer_without_pad_falls_back_to_eos_and_without_either_is_refused(tmp_path, tokenizer):
+    from transformers import Qwen2Config
+
+    nopad, neither = tmp_path / "nopad", tmp_path / "neither"
+    tok = copy.deepcopy(tokenizer)
+    tok.pad_token = None
+    for d in (nopad, neither):
+        Qwen2Config(vocab_size=len(tokenizer)).save_pretrained(str(d))
+    tok.save_pretrained(str(nopad))
+    loaded = load_tokenizer(str(nopad))
+    assert loaded.pad_token_id == loaded.eos_token_id == tokenizer.eos_token_id
+    assert loaded.padding_side == "left"
+    tok.eos_token = None
+    tok.save_pretrained(str(neither))
+    with pytest.raises(ModelLoadError, match=rf"senior tokenizer '{neither}' has neither a pad nor an EOS token"):
+        load_tokenizer(str(neither))
+
+
+# ------------------------------------------------------------------------------------------------
+# degenerate outputs: empty responses, no EOS
+
+
+# ------------------------------------------------------------------------------------------------
+# the command line

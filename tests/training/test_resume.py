@@ -1,0 +1,121 @@
+"""Resume after SIGKILL is bit-exact: same senior weights and metrics rows as an uninterrupted run."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers.paths import TESTS
+from helpers.run_files import count_metrics_rows as _n_rows, metrics_rows as _rows, write_config
+
+
+def _run(cfg, *extra, env=None):
+    cmd = [sys.executable, "-m", "tandem_rlvr", "train", str(cfg), *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _env():
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _kill_when(proc, predicate, timeout=120):
+    t0 = time.time()
+    while time.time() - t0 < timeout and proc.poll() is None:
+        if predicate():
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_sigkill_three_times_then_resume_is_bit_exact(tmp_path, model_dirs):
+    steps = 8
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "kill").mkdir()
+    reward = {"reward": "helpers.rewards_for_tests:length_reward"}
+    ref_cfg = write_config(tmp_path / "ref", model_dirs, data=reward, steps=steps, save_every=1, keep_last=2)
+    kill_cfg = write_config(tmp_path / "kill", model_dirs, data=reward, steps=steps, save_every=1, keep_last=2)
+    ref = _run(ref_cfg, env=_env())
+    assert ref.wait(timeout=600) == 0, ref.stderr.read().decode()[-2000:]
+
+    run = tmp_path / "kill" / "run"
+    ckpts = run / "checkpoints"
+    rng = random.Random(0)
+    killed = 0
+    # 1: during a checkpoint write (a .tmp-step-* directory exists)
+    p = _run(kill_cfg, env=_env())
+    killed += _kill_when(p, lambda: ckpts.exists() and any(d.name.startswith(".tmp-") for d in ckpts.iterdir()))
+    # 2 and 3: at a random moment once the resumed run has logged a new step
+    for _ in range(2):
+        before = _n_rows(run)
+        p = _run(kill_cfg, env=_env())
+        delay, seen = rng.uniform(0.0, 0.4), []
+
+        def progressed():
+            if not seen and _n_rows(run) > before:
+                seen.append(time.time())
+            return bool(seen) and time.time() - seen[0] > delay
+
+        killed += _kill_when(p, progressed)
+    assert killed == 3, "each run was expected to be killed before finishing"
+    p = _run(kill_cfg, env=_env())
+    assert p.wait(timeout=600) == 0, p.stderr.read().decode()[-2000:]
+
+    ref_rows = _rows(tmp_path / "ref" / "run")
+    assert len(ref_rows) == steps and any(r["train/grad_norm"] > 0 for r in ref_rows), "the run must train"
+    assert _rows(run) == ref_rows
+    a = load_file(str(run / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "ref" / "run" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not any(d.name.startswith(".tmp-") for d in ckpts.iterdir())
+    assert len([d for d in ckpts.iterdir() if d.name.startswith("step-")]) <= 2
+
+
+def test_existing_run_without_checkpoint_needs_restart(tmp_path, model_dirs):
+    from tandem_rlvr.cli import main
+
+    cfg = write_config(tmp_path, model_dirs, steps=1, save_every=0)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["train", str(cfg)]) == 2
+    assert main(["train", str(cfg), "--restart"]) == 0
+
+
+def test_a_kill_while_pruning_leaves_no_checkpoint_behind_for_ever(tmp_path, monkeypatch):
+    """Pruning renames a checkpoint to .trash-* before deleting it: a kill mid-delete leaves trash the next
+    prune removes, never a half-deleted step-N that no longer counts as complete and so is never pruned."""
+    import shutil
+
+    from tandem_rlvr.training import checkpoint as ck
+
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        d = root / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / ck.MARKER).write_text("")
+        (d / "trainer_state.json").write_text("{}")
+        (d / "model.safetensors").write_bytes(b"w" * 10)
+    real = shutil.rmtree
+
+    def killed(path, *a, **k):  # deletes the marker first, then the process dies
+        (Path(path) / ck.MARKER).unlink(missing_ok=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ck.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ck.prune(root, keep_last=2)
+    monkeypatch.setattr(ck.shutil, "rmtree", real)
+    ck.prune(root, keep_last=2)
+    assert sorted(d.name for d in root.iterdir()) == ["step-2", "step-3"]

@@ -1,0 +1,188 @@
+"""The trainer's update of one step, checked by hand on tiny models: micro-batches give the mini-batch's update,
+each chunk gets the config's loss settings and its share, dr_grpo's max_len, the drift metrics, the forwards'
+micro-batch and recorded junior log-probs, gradient clipping and the non-finite gradient guard."""
+
+import math
+
+import pytest
+import torch
+
+from helpers.tiny_models import bias_token, make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def trainer_parts(tokenizer):
+    from tandem_rlvr.models import freeze
+
+    eos = tokenizer.eos_token_id  # an EOS bias: responses of varied lengths
+    return (bias_token(make_tiny_model(len(tokenizer), 0, 48), eos, 2.0),
+            freeze(bias_token(make_tiny_model(len(tokenizer), 1, 32), eos, 2.0)))
+
+
+def _one_step(tmp_path, tokenizer, parts, *over, spy=None):
+    import copy
+    from types import SimpleNamespace
+
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.models import Pair
+    from tandem_rlvr.training.trainer import make_trainer
+
+    examples = [SimpleNamespace(id=str(i), problem=f"What is {i} plus 1?", answer=str(i + 1)) for i in range(4)]
+    cfg = load_config(None, ["algo.arm=trlvr", "model.senior=unused", "model.junior=unused", "train.steps=1",
+                             "train.prompts_per_step=4", "algo.group_size=4", "algo.mini_batch_prompts=4",
+                             "rollout.max_new_tokens=12", f"train.out_dir={tmp_path}", "algo.lr=1e-2",
+                             "train.save_every=0", "train.progress=false", *over])
+    tr = make_trainer(cfg, pair=Pair(copy.deepcopy(parts[0]), copy.deepcopy(parts[1]), tokenizer),
+                 reward_fn=lambda c, g: float(len(c) % 3 == 0), examples=examples)
+    if spy is not None:
+        spy(tr)
+    return tr.train_step(0)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "token_mean", "grpo", "dr_grpo"])
+def test_micro_batches_do_not_change_the_update(tmp_path, tokenizer, trainer_parts, loss_type):
+    """Gradient accumulation over micro-batches of 8 rollouts equals one backward over the mini-batch of 16:
+    a token-mean (dapo) chunk already divides by the mini-batch's token count, a per-sequence one is
+    weighted by its share of rows."""
+    whole = _one_step(tmp_path / "a", tokenizer, trainer_parts, f"algo.loss_type={loss_type}")
+    split = _one_step(tmp_path / "b", tokenizer, trainer_parts, f"algo.loss_type={loss_type}",
+                               "algo.micro_batch=8")
+    assert abs(whole["train/loss"]) > 1e-4
+    assert split["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-5, abs=1e-7)
+    # the gradient's norm before clipping (Adam's first step, lr * sign(g), would amplify rounding noise)
+    assert split["train/grad_norm"] == pytest.approx(whole["train/grad_norm"], rel=1e-5)
+
+
+def test_dr_grpo_divides_by_each_mini_batch_longest_response(tmp_path, tokenizer, trainer_parts, monkeypatch):
+    """dr_grpo's max_len is the longest response of the mini-batch (over processes), not T or a token sum."""
+    from tandem_rlvr.training import core
+
+    seen, rollouts = [], []
+    real_loss = core.policy_loss
+
+    def loss_spy(*a, **kw):
+        seen.append(kw["max_len"])
+        return real_loss(*a, **kw)
+
+    def spy(tr):
+        real_update = tr.update
+        tr.update = lambda rollout, *a: rollouts.append(rollout) or real_update(rollout, *a)
+
+    monkeypatch.setattr(core, "policy_loss", loss_spy)
+    _one_step(tmp_path, tokenizer, trainer_parts, "algo.loss_type=dr_grpo", "algo.mini_batch_prompts=1",
+              "rollout.max_new_tokens=24", spy=spy)
+    lengths = rollouts[0].response_mask_BT.sum(-1)
+    want = [int(lengths[m:m + 4].max()) for m in range(0, 16, 4)]
+    assert seen == want
+    assert len(set(want)) > 1  # the mini-batches differ, so T or one global maximum would not pass
+
+
+@pytest.mark.parametrize("arm,beta", [("kl_reg", 0.05), ("trlvr", 0.0)])
+def test_each_chunk_gets_the_configs_loss_settings_and_its_share(tmp_path, tokenizer, trainer_parts, monkeypatch,
+                                                                 arm, beta):
+    """A mini-batch of 16 rollouts in micro-batches of 6, 6, 4 (grpo: per-sequence means): every chunk's
+    ``policy_loss`` gets the config's clip range and KL weight (the junior's log-probs only where that
+    weight is > 0), its weight is ``chunk_weight(loss_type, chunk, 16, processes)``, only the last chunk
+    syncs gradients, and ``train/loss`` / ``train/pg_loss`` are the chunks' values weighted by share."""
+    from tandem_rlvr.training import core, dist
+
+    calls, weights, syncs, seniors = [], [], [], []
+    real_loss, real_weight, real_sync = core.policy_loss, core.chunk_weight, dist.no_sync_unless_last
+
+    def loss_spy(*a, **kw):
+        loss, met = real_loss(*a, **kw)
+        calls.append((kw, float(loss.detach()), met["train/pg_loss"], met["train/num_tokens"]))
+        return loss, met
+
+    monkeypatch.setattr(core, "policy_loss", loss_spy)
+    monkeypatch.setattr(core, "chunk_weight", lambda *a, **kw: weights.append((a, kw)) or real_weight(*a, **kw))
+    monkeypatch.setattr(dist, "no_sync_unless_last", lambda acc, m, last: syncs.append((m, last)) or real_sync(acc, m, last))
+    row = _one_step(tmp_path, tokenizer, trainer_parts, f"algo.arm={arm}", f"algo.kl_beta={beta}", "algo.loss_type=grpo",
+                    "algo.micro_batch=6", "algo.clip_eps=0.15", "algo.clip_eps_high=0.3",
+                    spy=lambda tr: seniors.append(tr.senior))
+    assert len(calls) == 3
+    for kw, *_ in calls:
+        assert (kw["loss_type"], kw["clip_eps"], kw["clip_eps_high"], kw["kl_beta"]) == ("grpo", 0.15, 0.3, beta)
+        assert (kw["ref_logps_BT"] is None) == (beta == 0)
+    assert [(a, kw) for a, kw in weights] == [(("grpo", n, 16, 1), {}) for n in (6, 6, 4)]
+    assert [last for _, last in syncs] == [False, False, True] and all(m is seniors[0] for m, _ in syncs)
+    shares = [6 / 16, 6 / 16, 4 / 16]
+    assert row["train/loss"] == pytest.approx(sum(s * c[1] for s, c in zip(shares, calls)), rel=1e-6)
+    assert row["train/pg_loss"] == pytest.approx(sum(s * c[2] for s, c in zip(shares, calls)), rel=1e-6)
+    assert row["train/num_tokens"] == pytest.approx(sum(c[3] for c in calls))  # the chunks' tokens add up
+    assert row["train/lr"] == pytest.approx(1e-2)  # constant after no warm-up
+    if beta:  # the KL term separates the two metrics
+        assert abs(row["train/loss"] - row["train/pg_loss"]) > 1e-7
+
+
+def _capture_trainer(tmp_path, tokenizer, trainer_parts, *over):
+    got = []
+    _one_step(tmp_path, tokenizer, trainer_parts, *over, spy=got.append)
+    return got[0]
+
+
+def test_drift_metrics_are_means_over_senior_tokens_by_hand(tmp_path, tokenizer, trainer_parts):
+    """kl/senior_junior = mean of log p_s - log p_j over senior-written tokens; _k3 the k3 estimator's mean;
+    one senior token in the whole step is a mean over one token; no senior token gives 0, not a division by 0."""
+    from types import SimpleNamespace
+
+    tr = _capture_trainer(tmp_path, tokenizer, trainer_parts)
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -1.5, -0.25]])
+    jun = torch.tensor([[-1.5, -1.0, -0.5], [-2.0, -2.5, -4.0]])
+    ro = SimpleNamespace(response_mask_BT=torch.tensor([[1, 1, 0], [1, 1, 1]]),
+                         owner_BT=torch.tensor([[1, 0, 1], [1, 1, 0]]))  # senior tokens: (0,0) (1,0) (1,1)
+    d = [0.5, -1.0, 1.0]
+    k3 = [math.exp(-x) + x - 1 for x in d]
+    got = tr._drift_metrics(old, jun, ro)
+    assert got["kl/senior_junior"] == pytest.approx(sum(d) / 3) and got["kl/senior_junior_k3"] == pytest.approx(sum(k3) / 3)
+    one = SimpleNamespace(response_mask_BT=ro.response_mask_BT, owner_BT=torch.tensor([[0, 0, 0], [0, 1, 0]]))
+    got = tr._drift_metrics(old, jun, one)
+    assert got["kl/senior_junior"] == pytest.approx(1.0) and got["kl/senior_junior_k3"] == pytest.approx(k3[2])
+    none = SimpleNamespace(response_mask_BT=ro.response_mask_BT, owner_BT=torch.zeros(2, 3, dtype=torch.long))
+    assert tr._drift_metrics(old, jun, none) == {"kl/senior_junior": 0.0, "kl/senior_junior_k3": 0.0}
+
+
+@pytest.mark.parametrize("arm,beta", [("trlvr", 0.0), ("kl_reg", 0.05)])
+def test_update_forwards_respect_the_micro_batch_and_reuse_recorded_junior_logps(tmp_path, tokenizer, trainer_parts,
+                                                                                  monkeypatch, arm, beta):
+    """Every teacher-forced forward of the update (old log-probs, the junior's) runs on at most
+    algo.micro_batch rows; the junior runs only where the rollout did not record its log-probs (kl_reg's
+    solo rollouts), never again for a tandem rollout that did."""
+    from tandem_rlvr.engines import scoring
+
+    calls, seen = [], []
+    real = scoring._forward_logps
+    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t: calls.append((m, len(rows))) or real(m, ro, rows, t))
+    _one_step(tmp_path, tokenizer, trainer_parts, f"algo.arm={arm}", f"algo.kl_beta={beta}", "algo.micro_batch=6",
+              spy=seen.append)
+    tr = seen[0]
+    assert calls and max(n for _, n in calls) <= 6
+    junior = [n for m, n in calls if m is tr.junior]
+    assert sum(junior) == (16 if arm == "kl_reg" else 0)
+
+
+def test_max_grad_norm_zero_means_no_clipping(tmp_path, tokenizer, trainer_parts):
+    tr = _capture_trainer(tmp_path, tokenizer, trainer_parts, "algo.max_grad_norm=0")
+    for p in tr.senior.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    before = [p.detach().clone() for p in tr.senior.parameters()]
+    norm = tr._clip_and_step()
+    assert norm == pytest.approx(1e-3 * math.sqrt(sum(p.numel() for p in tr.senior.parameters())), rel=1e-4)
+    assert all(not torch.equal(a, p) for a, p in zip(before, tr.senior.parameters()))
+
+
+def test_non_finite_gradients_skip_the_update_and_count_in_a_row(tmp_path, tokenizer, trainer_parts):
+    tr = _capture_trainer(tmp_path, tokenizer, trainer_parts)
+    params = list(tr.senior.parameters())
+    before = [p.detach().clone() for p in params]
+    for k in (1, 2):
+        for p in params:
+            p.grad = torch.full_like(p, float("nan"))
+        assert not math.isfinite(tr._clip_and_step())
+        assert tr.nonfinite_run == k and all(p.grad is None for p in params)
+        assert all(torch.equal(a, p) for a, p in zip(before, params))
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    assert math.isfinite(tr._clip_and_step()) and tr.nonfinite_run == 0
+    assert all(not torch.equal(a, p) for a, p in zip(before, params))
+    assert all(p.grad is None for p in params)  # gradients freed after the step
