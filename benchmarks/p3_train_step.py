@@ -86,7 +86,8 @@ def main() -> None:
     from tandem_rlvr.config import load_config
     from tandem_rlvr.training.core import group_advantages
     from tandem_rlvr.models import Pair
-    from tandem_rlvr.training.trainer import make_trainer, sequence_logps
+    from tandem_rlvr.engines.scoring import sequence_logps
+    from tandem_rlvr.training.trainer import make_trainer
 
     tok = C.tokenizer()
     V, G = len(tok), args.group

@@ -47,7 +47,7 @@ def main() -> None:
             out = junior_legibility(junior, ro, score_batch=args.batch)
             assert out["junior_ce"].shape[0] == args.batch
     except ImportError:
-        from tandem_rlvr.training.trainer import sequence_logps
+        from tandem_rlvr.engines.scoring import sequence_logps
 
         impl = "trainer.sequence_logps + top-1 (evaluate.py absent)"
 

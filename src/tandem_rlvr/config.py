@@ -189,7 +189,7 @@ class EvalOptions:
     temperature: float = _reuse(RolloutConfig, "temperature", 0.7)
     top_p: float = _reuse(RolloutConfig, "top_p", 0.8)
     top_k: int = _reuse(RolloutConfig, "top_k", 20)
-    max_rounds: int = _f(150, "Handoff chains stop after this many turns.")
+    max_rounds: int = _f(150, "Step-handoff chains stop after this many turns (the word-handoff curve has no turn limit).")
     context: int = _f(4096, "Prompt + response token limit.")
     max_context: int = _f(0, "As model.max_context: positions the models read (0 = each model's own limit); a senior or junior that cannot read the chains at --context and --max-new-tokens stops the evaluation before the first forward.")
     split: str | None = _f(None, "Split of a named benchmark.")

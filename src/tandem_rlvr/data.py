@@ -466,7 +466,7 @@ def load_examples(
     if not isinstance(source, str) or not source:
         raise DataError(f"data: source must be a benchmark name, a file path or world/<split>, got {source!r}")
     head, _, rest = source.partition("/")
-    if head in _SOURCES or head in BUILTIN_SOURCES or head == "world":
+    if head in _SOURCES or head in BUILTIN_SOURCES or head == "world":  # world/...: a source error, never a file
         return _load_registered(head, rest if "/" in source else (split or ""), limit)
     if source in BENCHMARKS:
         return _load_benchmark(BENCHMARKS[source], split, max_problem_chars, limit)

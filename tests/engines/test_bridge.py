@@ -66,6 +66,23 @@ def test_token_level_schedules_are_a_clear_error(sides, name):
         check_bridge_schedule(name)
 
 
+@pytest.mark.parametrize("p", [-0.1, 1.5])
+def test_a_handoff_probability_outside_0_1_is_a_clear_error(sides, p):
+    with pytest.raises(BridgeError, match=r"handoff p must be in \[0, 1\]"):
+        _run(sides, "step", p=p)
+
+
+def test_greedy_chains_are_scored_at_temperature_one(sides):
+    """temperature 0 means greedy; the senior's log-probs of a greedy chain are those at t = 1."""
+    out = _run(sides, "alternate", sampling=Sampling(max_new_tokens=24, temperature=0.0))
+    at_one = _run(sides, "alternate", sampling=Sampling(max_new_tokens=24, temperature=0.0), score=False)
+    from tandem_rlvr.engines.scoring import sequence_logps
+
+    want = sequence_logps(sides[0].model, at_one.rollout, 1.0) * at_one.rollout.response_mask_BT
+    torch.testing.assert_close(out.rollout.senior_logps_BT, want)
+    assert bool((out.rollout.senior_logps_BT <= 0).all())
+
+
 def test_spans_cover_the_text_and_alternate(sides):
     out = _run(sides, "alternate")
     assert len(out.texts) == len(PROBLEMS)

@@ -212,3 +212,21 @@ def test_the_senior_share_band_is_closed():
     for frac in (0.2499, 0.7501):
         with pytest.raises(TandemError, match="outside algo.senior_frac_band"):
             check_senior_frac(frac, cfg.senior_band(), sched)
+
+
+def test_parts_built_for_another_arm_are_refused(tmp_path, tokenizer, models):
+    """Trainer(cfg, parts) with parts of a solo config under a trlvr config would train plain GRPO under the
+    trlvr label: the schedule the parts roll out under must be the one the config's arm needs."""
+    import copy
+
+    from tandem_rlvr.models import Pair
+    from tandem_rlvr.training.build import build_run
+    from tandem_rlvr.training.trainer import Trainer
+    from helpers.trainers import EXAMPLES, length_reward, trainer_config
+
+    s, j = models
+    parts = build_run(trainer_config(tmp_path, "grpo"), pair=Pair(copy.deepcopy(s), copy.deepcopy(j), tokenizer),
+                      reward_fn=length_reward, examples=EXAMPLES)
+    with pytest.raises(TandemError, match=r"schedule 'none', but the config's arm \(trlvr\) needs 'word'"):
+        Trainer(trainer_config(tmp_path, "trlvr"), parts)
+    assert Trainer(trainer_config(tmp_path, "grpo"), parts).schedule.name == "none"

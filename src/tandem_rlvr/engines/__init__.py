@@ -3,8 +3,13 @@
 trainer and the evaluation get one from :mod:`tandem_rlvr.engines.factory` and make one call.
 
 - ``hf`` (:mod:`~tandem_rlvr.engines.rollout`): the in-process dual decoder, ``lockstep`` or ``catchup``, every schedule;
-- ``bridge`` (:mod:`~tandem_rlvr.engines.bridge`): a junior with another tokenizer, through text, step-level schedules;
-- ``vllm`` (:mod:`~tandem_rlvr.engines.vllm_backend`): vLLM engines, solo and step-level schedules.
+- ``bridge`` (:mod:`~tandem_rlvr.engines.bridge`): a junior with another tokenizer, through text, step-level schedules,
+  its turns played by the one turn driver (:mod:`~tandem_rlvr.engines.turns`);
+- ``vllm``: the dual engine (:mod:`~tandem_rlvr.engines.vllm_dual`: one vLLM engine holding both models, every
+  schedule) and a plain engine of the senior for solo arms (:mod:`~tandem_rlvr.engines.vllm_backend`).
+
+What every engine shares (``Rollout``, ``Sampling``, sampling helpers) is :mod:`~tandem_rlvr.engines.types`;
+teacher-forced scoring of a rollout is :mod:`~tandem_rlvr.engines.scoring`.
 
 What each serves is declared once, torch-free, in :mod:`tandem_rlvr.engines.serving` (the configuration
 asks it). This package's ``__init__`` imports nothing heavy.

@@ -83,6 +83,8 @@ def bridge_generate(senior: Side, junior: Side, senior_prompts: Sequence[str], j
     would start turn ``max_rounds + 1``. ``score`` fills ``senior_logps_BT`` by one teacher-forced pass.
     """
     check_bridge_schedule(schedule.name)
+    if not 0.0 <= schedule.p <= 1.0:
+        raise BridgeError(f"handoff p must be in [0, 1], got {schedule.p}")
     junior_prompts = senior_prompts if junior_prompts is None else junior_prompts
     if len(junior_prompts) != len(senior_prompts) or not senior_prompts:
         raise BridgeError(f"need one junior prompt per senior prompt, got {len(junior_prompts)} and {len(senior_prompts)}")
@@ -93,7 +95,7 @@ def bridge_generate(senior: Side, junior: Side, senior_prompts: Sequence[str], j
     rollout = chains_to_rollout(senior, chains, prompt_ids[0], schedule.name, max_rounds)
     if score:
         with torch.inference_mode():
-            logps_BT = sequence_logps(senior.model, rollout, sampling.temperature)
+            logps_BT = sequence_logps(senior.model, rollout, sampling.temperature or 1.0)  # greedy: scored at t = 1
         rollout.senior_logps_BT = logps_BT.cpu() * rollout.response_mask_BT.cpu()
     return BridgeRollout(rollout, [c.text for c in chains], [[tuple(s) for s in c.spans] for c in chains])
 

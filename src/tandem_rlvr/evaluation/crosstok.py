@@ -34,7 +34,7 @@ from functools import partial
 
 import torch
 
-from tandem_rlvr.config import eval_default
+from tandem_rlvr.config import HandoffConfig, eval_default
 from tandem_rlvr.engines.bridge import make_side, tokenizers_differ
 from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.turns import Side, TurnRules, chains_to_rollout, encode_texts, run_turns, start_chains
@@ -42,6 +42,7 @@ from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.evaluation import legibility as L
 
 HANDOFF_MAX_ROUNDS = eval_default("max_rounds")  # the step handoff's turn limit (tandem_rlvr.config.EvalOptions)
+WORD_MAX_GAP = HandoffConfig().max_gap  # the word schedule's K, as in training (tandem_rlvr.config.HandoffConfig)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def model_context(model, limit: int | None = None) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Step handoff through the text bridge
+# Step and word handoffs through the text bridge
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -107,12 +108,14 @@ def bridge_handoff(senior: Side, junior: Side, senior_prompts: Sequence[str], ju
 
 
 def word_bridge(senior: Side, junior: Side, senior_prompts: Sequence[str], junior_prompts: Sequence[str],
-                sampling: Sampling, *, p: float, seed: int = 0, max_gap: int = 32,
+                sampling: Sampling, *, p: float, seed: int = 0, max_gap: int = WORD_MAX_GAP,
                 contexts: tuple[int | None, int | None] = (None, None)) -> dict:
     """Word-level tandem between two tokenizers (:func:`text_tandem`): the ``word`` schedule with P(senior)
     = ``p`` and K = ``max_gap``, each token fed to it in its author's vocabulary, so the coins fall where
     the same-tokenizer curve's do (after a word-start token, or after K tokens without one) and, as
     there, no turn limit. Each handoff costs the new author a fresh read of the history."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"handoff p must be in [0, 1], got {p}")
     schedule = Schedule("word", p=float(p), max_gap=int(max_gap))
     return text_tandem(senior, junior, senior_prompts, junior_prompts, sampling, schedule, seed=seed, contexts=contexts)
 
@@ -234,11 +237,14 @@ def evaluate_any_pair(senior, junior, senior_tokenizer, junior_tokenizer, exampl
         metrics, chains = evaluate_pair(senior, junior, senior_tokenizer, examples, **common, **kw)
         metrics["vocabulary"] = "shared"
     else:
-        ks = kw.pop("ks", (1, 2, 4, 8))
-        max_rounds, context = kw.pop("max_rounds", 150), kw.pop("context", 4096)
-        kw.setdefault("n", 8)
-        kw.setdefault("seed", 0)
-        kw.setdefault("batch_size", 64)
+        from tandem_rlvr.evaluation import evaluate as E
+
+        ks = kw.pop("ks", E.M.DEFAULT_KS)
+        max_rounds, context = kw.pop("max_rounds", E.MAX_ROUNDS), kw.pop("context", E.EVAL_CONTEXT)
+        kw.setdefault("n", E.EVAL_N)
+        kw.setdefault("seed", E.EVAL_SEED)
+        kw.setdefault("batch_size", E.EVAL_BATCH_SIZE)
+        kw.setdefault("curve_ps", E.CURVE_PS)
         kw.setdefault("labels", None)
         kw.setdefault("progress", True)
         kw.setdefault("reward_fn", None)

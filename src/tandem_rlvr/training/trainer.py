@@ -41,6 +41,9 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.train.out_dir)
         self.plan = arm_plan(cfg)
+        if parts.schedule.name != self.plan.schedule:
+            raise TandemError(f"the run's parts roll out under handoff schedule {parts.schedule.name!r}, but the config's arm "
+                              f"({cfg.algo.arm}) needs {self.plan.schedule!r}: build them from this config (build_run(cfg))")
         self.acc, self.pair, self.senior, self.sharded = parts.acc, parts.pair, parts.senior, parts.sharded
         self.opt, self.sched, self.schedule, self.engine = parts.opt, parts.lr_sched, parts.schedule, parts.engine
         self.tok, self.junior, self.eos = parts.pair.tokenizer, parts.pair.junior, parts.eos

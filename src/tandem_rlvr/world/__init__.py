@@ -7,8 +7,8 @@
   cached on disk and built atomically.
 * :mod:`tandem_rlvr.world.probe` — small accuracy / style probes of the built models.
 * :mod:`tandem_rlvr.world.shorthand` — the second built-in world (``build_world(world="shorthand")``):
-  long chains, a token budget, and a terse style that writes every other running total; its recipe,
-  probes and properties in :mod:`tandem_rlvr.world.shorthand_build`.
+  long chains, a token budget, and a terse per-step style the warm senior writes as a rare habit; its
+  recipe, probes and properties in :mod:`tandem_rlvr.world.shorthand_build`.
 
 Heavy imports (torch, transformers) happen lazily inside the functions that need them.
 """
@@ -27,8 +27,6 @@ from tandem_rlvr.world.problems import (
 
 __all__ = [
     "Problem",
-    "WorldPaths",
-    "build_world",
     "generate_problem",
     "is_correct",
     "is_jargon",
@@ -39,11 +37,3 @@ __all__ = [
     "solve_problem_text",
 ]
 
-
-def __getattr__(name: str):
-    """Lazy access to ``build_world`` / ``WorldPaths`` (keeps ``import tandem_rlvr.world`` light)."""
-    if name in ("build_world", "WorldPaths"):
-        from tandem_rlvr.world import build
-
-        return getattr(build, name)
-    raise AttributeError(name)

@@ -24,7 +24,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem_rlvr.data import PROMPT_SUFFIX
@@ -36,22 +36,13 @@ from tandem_rlvr.world.problems import (
 )
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.world.properties import PROPERTIES, PROPERTY_COUNT
+from tandem_rlvr.world.rules import MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, seeded_specs
 from tandem_rlvr.world.sft import ModelSpec
 from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN, build_tokenizer
 
 WORLD_VERSION = 1
 PREBUILT_DIR = Path(__file__).with_name("prebuilt")  # worlds shipped with the package, one folder per key
 log = logging.getLogger(__name__)
-SEED = 1234
-TOKENIZER_VOCAB = 1024  # an upper bound: the trainer stops once every pair in the corpus is merged
-TOKENIZER_CORPUS = 3000  # problems in the tokenizer corpus
-# Every build measures the promised properties (world.properties.PROPERTIES) of what it trained; each model
-# whose properties fail is trained again with a seed TRY_SEED_STEP higher (the other is kept), up to
-# MAX_TRIES rounds, and every try is recorded in the manifest. Training is seeded and single-threaded, so
-# one machine retraces the same tries; another CPU model may round differently, train other weights and
-# need another number of tries.
-MAX_TRIES = 8
-TRY_SEED_STEP = 100
 
 # Both warm starts use a length curriculum: 2-4 op chains first, then one op longer every 100 steps.
 # The weaker junior: plain style only, chains of 2-6 operations (the RL train range), a narrower MLP.
@@ -109,8 +100,7 @@ class WorldPaths:
 
 def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
     """The junior's and the senior's recipe for the build seed ``seed`` and its try ``attempt`` (0-based)."""
-    step = TRY_SEED_STEP * attempt
-    return {"junior": replace(JUNIOR_SPEC, seed=seed + 1 + step), "senior": replace(SENIOR_SPEC, seed=seed + 2 + step)}
+    return seeded_specs(JUNIOR_SPEC, SENIOR_SPEC, seed, attempt)
 
 
 WORLDS = ("arith", "shorthand")  # the built-in worlds; arith (this module's recipe) is the default

@@ -22,18 +22,14 @@ The promised properties (``PROPERTIES``), what each is for, and the probe that m
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 from tandem_rlvr.world import shorthand as S
 from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
 from tandem_rlvr.world.sft import ModelSpec
 
+from tandem_rlvr.world.rules import MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, seeded_specs
+
 VERSION = 1
-SEED = 1234
-TOKENIZER_VOCAB = 1024
-TOKENIZER_CORPUS = 3000
-MAX_TRIES = 8
-TRY_SEED_STEP = 100
 
 JUNIOR_SPEC = ModelSpec(name="junior", hidden=96, layers=3, intermediate=256, steps=2400, short_steps=500,
                         ramp_every=100, n_ops=(2, 6), seed=SEED + 1)
@@ -54,8 +50,7 @@ PROPERTY_COUNT = 32
 
 def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
     """The junior's and the senior's recipe for the build seed ``seed`` and its try ``attempt``."""
-    step = TRY_SEED_STEP * attempt
-    return {"junior": replace(JUNIOR_SPEC, seed=seed + 1 + step), "senior": replace(SENIOR_SPEC, seed=seed + 2 + step)}
+    return seeded_specs(JUNIOR_SPEC, SENIOR_SPEC, seed, attempt)
 
 
 def recipe(seed: int = SEED) -> dict:

@@ -1,0 +1,24 @@
+"""The build rules both built-in worlds share: the build seed, the tokenizer's size and corpus, the property
+gate's tries, and how each try seeds its models."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+SEED = 1234
+TOKENIZER_VOCAB = 1024  # an upper bound: the trainer stops once every pair in the corpus is merged
+TOKENIZER_CORPUS = 3000  # problems in the tokenizer corpus
+# Every build measures the promised properties (world.properties.PROPERTIES) of what it trained; each model
+# whose properties fail is trained again with a seed TRY_SEED_STEP higher (the other is kept), up to
+# MAX_TRIES rounds, and every try is recorded in the manifest. Training is seeded and single-threaded, so
+# one machine retraces the same tries; another CPU model may round differently, train other weights and
+# need another number of tries.
+MAX_TRIES = 8
+TRY_SEED_STEP = 100
+
+
+def seeded_specs(junior, senior, seed: int = SEED, attempt: int = 0) -> dict:
+    """The junior's and the senior's :class:`~tandem_rlvr.world.sft.ModelSpec` for the build seed ``seed`` and
+    its try ``attempt`` (0-based): seeds ``seed + 1`` and ``seed + 2``, ``TRY_SEED_STEP`` higher per try."""
+    step = TRY_SEED_STEP * attempt
+    return {"junior": replace(junior, seed=seed + 1 + step), "senior": replace(senior, seed=seed + 2 + step)}
