@@ -16,6 +16,7 @@ SCOPE=(
   "tandem_rlvr.training.core.x_masked_mean__mutmut_*"             # the loss: advantages, log-probs, KL, aggregation
   "tandem_rlvr.training.core.x_group_advantages__mutmut_*"
   "tandem_rlvr.engines.types.x_token_logps__mutmut_*"
+  "tandem_rlvr.engines.types.x_logp_of__mutmut_*"
   "tandem_rlvr.training.core.x_k3_kl__mutmut_*"
   "tandem_rlvr.training.core.x_aggregate__mutmut_*"
   "tandem_rlvr.training.core.x_policy_loss__mutmut_*"

@@ -132,14 +132,7 @@ def token_logps(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: flo
         )
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    rows = []
-    for logits_TV, ids_T in zip(logits_BTV, ids_BT):
-        z_TV = logits_TV.float()
-        if temperature != 1.0:
-            z_TV = z_TV / temperature
-        picked_T = z_TV.gather(-1, ids_T.long().unsqueeze(-1)).squeeze(-1)
-        rows.append(picked_T - torch.logsumexp(z_TV, dim=-1))
-    return torch.stack(rows)
+    return torch.stack([logp_of(logits_TV, ids_T.long(), temperature) for logits_TV, ids_T in zip(logits_BTV, ids_BT)])
 
 
 def rollout_from_rows(prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, ids: list[list[int]],
