@@ -84,6 +84,10 @@ class EngineBase:
     def sleep(self) -> None:
         """Give memory back to training until the next ``sync_senior`` or ``generate`` (vLLM sleep mode)."""
 
+    def close(self) -> None:
+        """Release what the engine holds (vLLM: shut its engine down) before the run closes its process
+        group; idempotent, and safe after a fault (a hung engine call is abandoned, not waited for)."""
+
 
 class FirstServing(EngineBase):
     """Routes each schedule to the first of ``engines`` that serves it (e.g. vLLM, then in-process)."""
@@ -112,3 +116,7 @@ class FirstServing(EngineBase):
     def sleep(self) -> None:
         for e in self.engines:
             e.sleep()
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.close()
