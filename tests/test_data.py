@@ -109,6 +109,26 @@ def test_each_file_format_keeps_good_rows_and_counts_bad_ones(tmp_path, caplog, 
     assert ("empty problem: 1, missing problem: 1" in msg) if suffix != ".csv" else ("empty problem: 2" in msg)
 
 
+# the problems as written (issue 35 item 5): a file's line breaks inside a value are part of the value
+MULTILINE = [{"id": "m1", "problem": "Line one,\nline two with \"quotes\"\r\nand a third.", "answer": "7"},
+             {"id": "m2", "problem": "A plain one.", "answer": "8"}]
+
+
+def test_a_quoted_multiline_csv_field_stays_one_row(tmp_path):
+    examples = load_examples(str(_write(tmp_path / "multi.csv", MULTILINE)))
+    assert [(e.id, e.problem, e.answer) for e in examples] == [(r["id"], r["problem"], r["answer"]) for r in MULTILINE]
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\x85"])  # the separators JSON allows raw in a string
+def test_a_jsonl_value_holding_a_unicode_line_separator_loads(tmp_path, sep):
+    """JSON allows these raw in a string; ``str.splitlines()`` breaks lines at them, a JSONL reader must not."""
+    rows = [{"id": "u", "problem": f"Before{sep}after: 1+1?", "answer": "2"}, {"id": "v", "problem": "2+2?", "answer": "4"}]
+    path = tmp_path / "sep.jsonl"
+    path.write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows).encode("utf-8"))
+    assert sep.encode("utf-8") in path.read_bytes()  # raw, not escaped
+    assert [(e.id, e.problem) for e in load_examples(str(path))] == [("u", rows[0]["problem"]), ("v", "2+2?")]
+
+
 def test_custom_columns_missing_id_column_and_limit(tmp_path):
     rows = [{"question": f"Q{i}?", "solution": str(i)} for i in range(5)]
     path = _write(tmp_path / "custom.jsonl", rows)
@@ -263,16 +283,46 @@ def test_deepscaler_train_val_split_is_deterministic_and_disjoint(fake_hub):
     assert load_examples("deepscaler") == train
 
 
-def test_holdout_matches_datasets_train_test_split():
+ANSWERS = ["1", "", "2", None, "3", "  ", "4", "5", float("nan"), "6", "7", "8"]  # rows 1, 3, 5, 8: no answer
+
+
+def test_holdout_is_the_authors_dataframe_sample():
+    """issue 36 item 8: the authors drop rows with empty answers, then ``df.sample(n=1000, random_state=0)``:
+    ``RandomState(0).choice(len, k, replace=False)`` positions among the rows with an answer, in that order."""
+    import numpy as np
+
+    kept, held = holdout_indices(ANSWERS, 4, 0)
+    assert held == [10, 4, 2, 11]  # by hand: rows with an answer [0, 2, 4, 6, 7, 9, 10, 11]; positions [6, 2, 1, 7]
+    assert kept == [0, 1, 3, 5, 6, 7, 8, 9]  # every other row in file order (the loader skips and counts 1, 3, 5, 8)
+    rest = [0, 2, 4, 6, 7, 9, 10, 11]
+    assert np.random.RandomState(0).permutation(len(rest))[:4].tolist() == [6, 2, 1, 7]  # legacy choice = permutation
+    big = [str(i) if i % 7 else "" for i in range(1500)]
+    k_rest = [i for i, a in enumerate(big) if a]
+    kept, held = holdout_indices(big, 1000, 0)
+    assert held == [k_rest[j] for j in np.random.RandomState(0).permutation(len(k_rest))[:1000]]
+    assert sorted(kept + held) == list(range(1500)) and not set(kept) & set(held)
+    assert holdout_indices(big, 1000, 1) != (kept, held)
+    with pytest.raises(DataError, match="cannot hold out 8 of 8 rows with an answer"):
+        holdout_indices(ANSWERS, 8, 0)
+
+
+def test_holdout_equals_pandas_sample_where_pandas_is_installed():
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"answer": ANSWERS * 200})
+    frame = frame[frame.answer.notna() & (frame.answer.astype(str).str.strip() != "")]
+    assert holdout_indices(ANSWERS * 200, 1000, 0)[1] == frame.sample(n=1000, random_state=0).index.tolist()
+
+
+def test_deepscaler_val_has_no_empty_answer_and_train_keeps_file_order(monkeypatch):
     import datasets
 
-    ds = datasets.Dataset.from_dict({"i": list(range(1500))})
-    split = ds.train_test_split(test_size=1000, seed=0)
-    kept, held = holdout_indices(1500, 1000, 0)
-    assert held == split["test"]["i"] and kept == split["train"]["i"]
-    assert holdout_indices(1500, 1000, 1) != (kept, held)
-    with pytest.raises(DataError):
-        holdout_indices(10, 10, 0)
+    rows = [{"problem": f"p{i}", "answer": "" if i % 50 == 0 else str(i)} for i in range(1300)]  # 26 empty answers
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
+    val, train = load_examples("deepscaler", "val"), load_examples("deepscaler", "train")
+    _, held = holdout_indices([r["answer"] for r in rows], 1000, 0)
+    assert [e.id for e in val] == [f"deepscaler/{i}" for i in held]
+    ids = [int(e.id.split("/")[1]) for e in train]
+    assert len(train) == 1300 - 26 - 1000 and ids == sorted(ids) and not set(ids) & set(held)
 
 
 def test_benchmark_errors(fake_hub, monkeypatch):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import io
 import json
 import logging
 from collections import Counter
@@ -130,8 +131,8 @@ def _one(source: HubSource, *splits: str) -> dict[str, tuple[HubSource, ...]]:
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {
     # Training set (≈40.3k rows, one hub split "train" with problem/answer/solution); 1,000 rows are
-    # held out for checkpoint selection as the same rows as
-    # ``Dataset.train_test_split(test_size=1000, seed=0)`` would give.
+    # held out for checkpoint selection as the paper's authors chose them (holdout_indices: rows with an
+    # answer, then DataFrame.sample(n=1000, random_state=0)).
     "deepscaler": BenchmarkSpec(
         "deepscaler",
         _one(HubSource("agentica-org/DeepScaleR-Preview-Dataset", "train", "problem", "answer"), "train", "val"),
@@ -184,18 +185,21 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 }
 
 
-def holdout_indices(n: int, k: int, seed: int) -> tuple[list[int], list[int]]:
-    """(kept, held_out) row indices of ``n`` rows with ``k`` held out, deterministic in ``seed``.
-
-    The same indices as ``datasets.Dataset.train_test_split(test_size=k, seed=seed)`` (a numpy
-    ``default_rng(seed)`` permutation: the first ``k`` are held out), in that permuted order.
+def holdout_indices(answers: Sequence[Any], k: int, seed: int) -> tuple[list[int], list[int]]:
+    """(kept, held_out) row indices of the rows whose answers are ``answers``, ``k`` held out as the paper's
+    authors did: rows with an empty answer dropped, then pandas' ``DataFrame.sample(n=k, random_state=seed)``
+    of the rest, i.e. ``numpy.random.RandomState(seed).choice(len(rest), k, replace=False)`` positions in
+    ``rest`` (pandas without pandas), held out in that order. ``kept`` is every other row in file order
+    (the empty-answer rows among them are skipped and counted by the loader).
     """
     import numpy as np
 
-    if not 0 < k < n:
-        raise DataError(f"data: cannot hold out {k} of {n} rows")
-    perm = np.random.default_rng(seed).permutation(n).tolist()
-    return perm[k:], perm[:k]
+    rest = [i for i, a in enumerate(answers) if (t := _text(a)) is not None and t.strip()]
+    if not 0 < k < len(rest):
+        raise DataError(f"data: cannot hold out {k} of {len(rest)} rows with an answer ({len(answers)} rows)")
+    held = [rest[j] for j in np.random.RandomState(seed).choice(len(rest), size=k, replace=False).tolist()]
+    out = set(held)
+    return [i for i in range(len(answers)) if i not in out], held
 
 
 # --------------------------------------------------------------------------------------------------
@@ -310,17 +314,13 @@ def _read_rows(path: Path, split: str | None) -> list[dict[str, Any]]:
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
             raise DataError(f"data: {path}: not a readable parquet file ({e})") from e
     text = _decode(path)
-    if suffix == ".csv":
+    if suffix == ".csv":  # the csv module reads quoted fields whole, line breaks included
         try:
-            return list(csv.DictReader(text.splitlines()))
+            return list(csv.DictReader(io.StringIO(text, newline="")))
         except csv.Error as e:
             raise DataError(f"data: {path}: bad CSV ({e})") from e
-    if suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                rows.append(_json_row(path, line, n))
-        return rows
+    if suffix == ".jsonl":  # records end at "\n" only: str.splitlines() would also split at U+2028, U+0085, ...
+        return [_json_row(path, line, n) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -396,7 +396,7 @@ def _load_benchmark(
         rows = ds.to_list() if hasattr(ds, "to_list") else list(ds)
         indices: Iterable[int] = range(len(rows))
         if spec.holdout and split in (spec.holdout_split, spec.holdout_of):
-            kept, held = holdout_indices(len(rows), spec.holdout, spec.holdout_seed)
+            kept, held = holdout_indices([r.get(src.answer_key) for r in rows], spec.holdout, spec.holdout_seed)
             indices = held if split == spec.holdout_split else kept
         prefix = f"{spec.name}/{src.tag + '-' if src.tag else ''}"
         examples += _to_examples(((i, rows[i]) for i in indices), cols, prefix, skipped)

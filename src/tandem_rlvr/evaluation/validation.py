@@ -29,7 +29,8 @@ def val_examples(cfg) -> list:
 
 def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = None, engine=None,
              shard: tuple[int, int] = (0, 1), gather: Callable[[list], list] | None = None) -> dict:
-    """``val/pass@k`` and friends of the senior alone (eval decoding) on ``cfg.val``'s problems.
+    """``val/pass@k`` and friends of the senior alone on ``cfg.val``'s problems, decoded with ``val.temperature``,
+    ``val.top_p`` and ``val.top_k`` (by default the evaluation's decoding).
 
     The seed is ``train.seed`` at every step, so successive checkpoints are compared on the same random
     numbers (lower-variance checkpoint selection). A user reward ``package.module:function`` (or
@@ -42,7 +43,8 @@ def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = Non
     from tandem_rlvr.rewards import import_reward
 
     examples = val_examples(cfg)
-    sampling = eval_sampling(cfg.val.max_new_tokens or cfg.rollout.max_new_tokens)
+    v = cfg.val
+    sampling = eval_sampling(v.max_new_tokens or cfg.rollout.max_new_tokens, v.temperature, v.top_p, v.top_k)
     was_training = bool(getattr(senior, "training", False))
     senior.eval()
     reward_fn = reward_fn or import_reward(cfg.data.reward)  # a user's function runs in-process, as in training
