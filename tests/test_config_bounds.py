@@ -221,3 +221,14 @@ def test_validation_decodes_with_the_val_keys(monkeypatch, tmp_path):
             validation.validate(Senior(), None, cfg, step=1, reward_fn=lambda *a: 0.0)
         s = got[-1]
         assert (s.temperature, s.top_p, s.top_k, s.max_new_tokens) == want
+
+
+def test_a_null_path_is_refused_not_read_as_a_folder_named_none(tmp_path):
+    """YAML's ``out_dir: ~`` is null: not a directory called "none" (a word key with "none" still takes it)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model:\n  senior: s\n  self_paired: true\ntrain:\n  out_dir: ~\n")
+    with pytest.raises(ConfigError, match=r"'train\.out_dir' must be a string, got null"):
+        load_config(cfg)
+    ok = load_config(None, ["model.senior=s", "model.self_paired=true", f"train.out_dir={tmp_path / 'r'}",
+                            "algo.arm=grpo", "handoff.schedule=none"])
+    assert ok.handoff.schedule == "none"

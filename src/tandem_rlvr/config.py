@@ -331,7 +331,20 @@ def _merge(obj: Any, data: dict, prefix: str = "") -> None:
                 raise ConfigError(f"config key {dotted!r} must be a mapping, got {value!r}")
             _merge(current, value, dotted + ".")
         else:
+            _refuse_null_word(type(obj), key, value, hints[key], dotted)
             setattr(obj, key, coerce(value, hints[key], dotted))
+
+
+def _refuse_null_word(cls: type, name: str, value: Any, tp: Any, dotted: str) -> None:
+    """YAML reads ``~``/``null`` as None: a word-valued key whose allowed words include ``none``/``off``
+    takes it as that word; any other plain string key (a path, a model) refuses it instead of becoming
+    a folder or model named "none"."""
+    if value is not None or tp is not str:
+        return
+    b = bounds_of(next(f for f in dataclasses.fields(cls) if f.name == name))
+    if not (b and b.choices and {"none", "off"} & set(b.choices)):
+        raise ConfigError(f"config key {dotted!r} must be a string, got null (YAML reads ~, null and an empty "
+                          "value as null: quote the text, or give a path)")
 
 
 def parse_overrides(overrides: list[str]) -> dict:
