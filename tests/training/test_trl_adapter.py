@@ -44,13 +44,24 @@ def token_sum_reward(completion_ids, **kwargs):
     return [float(sum(ids) % 7) for ids in completion_ids]
 
 
+def _logps(model, batch) -> torch.Tensor:
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    att = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    P = batch["prompt_ids"].shape[1]
+    logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
+    return token_logps(logits[:, P - 1:-1], batch["completion_ids"], temperature=TEMPERATURE)
+
+
 class CapturingGRPOTrainer(GRPOTrainer):
     """Records every batch ``compute_loss`` trains on (detached copies)."""
 
     batches: list
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        self.batches.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in inputs.items()})
+        batch = {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in inputs.items()}
+        with torch.no_grad():
+            batch["current_logps"] = _logps(model, batch)  # the weights this step trains
+        self.batches.append(batch)
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
 
@@ -77,7 +88,7 @@ def run(senior_dir, tokenizer, tmp_path_factory, monkeypatch_module):
     args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("trl_adapter_out")), report_to=[], use_cpu=True,
                       bf16=False, seed=0, max_steps=2, per_device_train_batch_size=B, num_generations=G,
                       max_completion_length=MAX_COMPLETION, temperature=TEMPERATURE, loss_type="dapo", beta=0.0,
-                      logging_steps=1, save_strategy="no")
+                      learning_rate=1e-2, logging_steps=1, save_strategy="no")  # step 1 visibly moves the weights
     trainer = CapturingGRPOTrainer(
         model=str(senior_dir), args=args, processing_class=tokenizer, rollout_func=rollout_func,
         reward_funcs=[reward("boxed_exact", answer_column="answer"), token_sum_reward],
@@ -128,6 +139,21 @@ def test_trl_trains_two_steps_on_the_owner_mask(run):
     assert 0.0 < run.tandem.last_metrics["rollout/senior_token_frac"] < 1.0
 
 
+def test_the_senior_is_the_model_trl_trains(run):
+    """The senior log-probs recorded while co-writing (TRL's ``sampling_per_token_logps``) are those of the
+    weights each step trains: step 2's rollout ran on the weights step 1 updated."""
+    first, second = run.batches
+    for batch in (first, second):
+        cm = batch["completion_mask"].bool()
+        scale = float(batch["current_logps"][cm].abs().max())
+        torch.testing.assert_close(batch["sampling_per_token_logps"][cm], batch["current_logps"][cm], rtol=0,
+                                   atol=1e-4 * scale)
+    with torch.no_grad():  # and step 1 did move them (else this check could not tell the weights apart)
+        now = _logps(run.trainer.model, second)
+    cm = second["completion_mask"].bool()
+    assert float((now[cm] - second["current_logps"][cm]).abs().max()) > 1e-2 * float(now[cm].abs().max())
+
+
 def _trl_loss_and_grads(trainer, inputs):
     model = trainer.model
     loss = GRPOTrainer.compute_loss(trainer, model, inputs)
@@ -135,14 +161,6 @@ def _trl_loss_and_grads(trainer, inputs):
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return loss.detach(), grads
-
-
-def _logps(model, batch) -> torch.Tensor:
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    att = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    P = batch["prompt_ids"].shape[1]
-    logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
-    return token_logps(logits[:, P - 1:-1], batch["completion_ids"], temperature=TEMPERATURE)
 
 
 def _assert_grads_close(a: dict, b: dict) -> None:
