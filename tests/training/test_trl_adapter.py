@@ -257,3 +257,29 @@ def test_trl_style_reward_in_our_config(tmp_path, monkeypatch):
     fn = import_reward("trl_style_rewards:exact")
     assert fn(" 7 ", "7") == 1.0 and fn("8", "7") == 0.0  # called as our trainer calls it: (completion, gold)
     assert import_reward("trl_style_rewards:plain")("7", "7") == 1.0
+
+
+def _snippet_calls(page: str) -> list:
+    """The calls of ``make_tandem_rollout`` / ``reward`` in the ```python blocks of ``page``."""
+    import ast
+    import re
+
+    from helpers.paths import ROOT
+
+    text = (ROOT / page).read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    calls = [n for b in blocks for n in ast.walk(ast.parse(b)) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id in ("make_tandem_rollout", "reward")]
+    return calls
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/trl.md"])
+def test_the_documented_snippets_call_the_adapter_as_it_is(page):
+    """The snippets (which this module's trainer mirrors) pass arguments the functions take."""
+    import inspect
+
+    fns = {"make_tandem_rollout": make_tandem_rollout, "reward": reward}
+    calls = _snippet_calls(page)
+    assert {c.func.id for c in calls} == set(fns)
+    for c in calls:
+        inspect.signature(fns[c.func.id]).bind(*[None] * len(c.args), **{k.arg: None for k in c.keywords})
