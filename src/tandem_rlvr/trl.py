@@ -35,7 +35,8 @@ from tandem_rlvr.engines.types import Rollout, Sampling
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.training.ownership import check_ownership
 
-__all__ = ["TESTED_TRL_VERSIONS", "TandemRollout", "make_tandem_rollout", "require_trl", "reward", "trl_batch"]
+__all__ = ["TESTED_TRL_VERSIONS", "TandemRollout", "make_tandem_rollout", "prompt_ids_like_trl", "require_trl", "reward",
+           "trl_batch"]
 
 TESTED_TRL_VERSIONS = ("1.16.0",)  # rollout_func's contract (and where env_mask goes) was read from these
 
@@ -69,7 +70,7 @@ def trl_batch(rollout: Rollout, schedule: Schedule, budget: int) -> tuple[dict[s
     return batch, {**metrics, "rollout/senior_token_frac": rollout.senior_token_frac()}
 
 
-def _prompt_ids(tokenizer, prompts: list, trainer) -> list[list[int]]:
+def prompt_ids_like_trl(tokenizer, prompts: list, trainer) -> list[list[int]]:
     """The prompts as TRL 1.16 tokenizes them itself: chat messages through the trainer's chat template
     (with the generation prompt), plain text through the tokenizer."""
     if prompts and isinstance(prompts[0], list):
@@ -117,7 +118,7 @@ class TandemRollout:
         _refuse_dropped_mask(trainer)
         sampling = _sampling(trainer)
         acc = trainer.accelerator
-        batch = PromptBatch.left_padded(_prompt_ids(self.tokenizer, prompts, trainer), self.tokenizer.pad_token_id,
+        batch = PromptBatch.left_padded(prompt_ids_like_trl(self.tokenizer, prompts, trainer), self.tokenizer.pad_token_id,
                                         device=acc.device)
         # a new seed per call and process, from the trainer's seeded RNG (so a run with the same GRPOConfig.seed repeats)
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) + self.seed + 7919 * int(acc.process_index)

@@ -33,7 +33,7 @@ from tandem_rlvr.engines.types import Sampling  # noqa: E402
 from tandem_rlvr.errors import TandemError  # noqa: E402
 from tandem_rlvr.rewards import import_reward  # noqa: E402
 from tandem_rlvr.training.core import policy_loss, token_logps  # noqa: E402
-from tandem_rlvr.trl import make_tandem_rollout, reward, trl_batch  # noqa: E402
+from tandem_rlvr.trl import make_tandem_rollout, prompt_ids_like_trl, require_trl, reward, trl_batch  # noqa: E402
 
 B, G, MAX_COMPLETION, TEMPERATURE = 4, 2, 10, 0.9
 PROMPTS = ["What is 3 plus 4?", "Tom has 12 apples and gives away 5."]
@@ -228,6 +228,23 @@ def test_rollout_refuses_a_trainer_that_would_drop_env_mask(tokenizer):
     trainer = SimpleNamespace(tools=[token_sum_reward], environment_factories=None)
     with pytest.raises(TandemError, match="drops the rollout's env_mask"):
         tandem(PROMPTS, trainer)
+
+
+def test_prompts_are_tokenized_as_trl_does(tokenizer):
+    """Text through the tokenizer, chat messages through the chat template with the generation prompt."""
+    trainer = SimpleNamespace(chat_template="{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                                            "{% if add_generation_prompt %}<assistant>{% endif %}",
+                              chat_template_kwargs={})
+    assert prompt_ids_like_trl(tokenizer, PROMPTS, trainer) == tokenizer(text=PROMPTS)["input_ids"]
+    chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+    ids = prompt_ids_like_trl(tokenizer, chats, trainer)
+    assert [tokenizer.decode(r) for r in ids] == [f"<user>{p}\n<assistant>" for p in PROMPTS]
+
+
+def test_without_trl_the_rollout_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "trl", None)  # import trl now raises ImportError
+    with pytest.raises(TandemError, match=r"pip install 'tandem-rlvr\[trl\]'"):
+        require_trl()
 
 
 def test_builtin_rewards_take_trl_arguments():
