@@ -35,8 +35,8 @@ from tandem_rlvr.engines.types import Rollout, Sampling
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.training.ownership import check_ownership
 
-__all__ = ["TESTED_TRL_VERSIONS", "TandemRollout", "make_tandem_rollout", "prompt_ids_like_trl", "require_trl", "reward",
-           "trl_batch"]
+__all__ = ["TESTED_TRL_VERSIONS", "TandemRollout", "make_tandem_rollout", "prompt_ids_like_trl", "require_trl",
+           "reward", "trl_batch"]
 
 TESTED_TRL_VERSIONS = ("1.16.0",)  # rollout_func's contract (and where env_mask goes) was read from these
 
@@ -46,8 +46,8 @@ def require_trl():
     try:
         import trl  # the installed TRL, not this module: absolute import
     except ImportError as e:
-        raise TandemError(f"tandem_rlvr.trl needs TRL: pip install 'tandem-rlvr[trl]' (trl=={TESTED_TRL_VERSIONS[-1]}); "
-                          f"importing it failed: {e}") from None
+        raise TandemError(f"tandem_rlvr.trl needs TRL: pip install 'tandem-rlvr[trl]' "
+                          f"(trl=={TESTED_TRL_VERSIONS[-1]}); importing it failed: {e}") from None
     if trl.__version__ not in TESTED_TRL_VERSIONS:
         warnings.warn(f"tandem_rlvr.trl was tested with TRL {', '.join(TESTED_TRL_VERSIONS)}, not {trl.__version__}; "
                       "its rollout_func is experimental and may have changed", UserWarning, stacklevel=3)
@@ -118,12 +118,13 @@ class TandemRollout:
         _refuse_dropped_mask(trainer)
         sampling = _sampling(trainer)
         acc = trainer.accelerator
-        batch = PromptBatch.left_padded(prompt_ids_like_trl(self.tokenizer, prompts, trainer), self.tokenizer.pad_token_id,
-                                        device=acc.device)
-        # a new seed per call and process, from the trainer's seeded RNG (so a run with the same GRPOConfig.seed repeats)
+        ids = prompt_ids_like_trl(self.tokenizer, prompts, trainer)
+        batch = PromptBatch.left_padded(ids, self.tokenizer.pad_token_id, device=acc.device)
+        # a new seed per call and process, from the trainer's seeded RNG (a run with the same GRPOConfig.seed repeats)
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) + self.seed + 7919 * int(acc.process_index)
         args = trainer.args
-        with unwrap_model_for_generation(trainer.model_wrapped, acc, gather_deepspeed3_params=args.ds3_gather_for_generation,
+        with unwrap_model_for_generation(trainer.model_wrapped, acc,
+                                         gather_deepspeed3_params=args.ds3_gather_for_generation,
                                          gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as senior:
             self._junior_to(senior)
             was_training = senior.training

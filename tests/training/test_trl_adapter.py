@@ -214,7 +214,8 @@ def test_trl_batch_refuses_a_mask_that_disagrees_with_the_schedule(tokenizer):
     schedule = make_schedule("bernoulli", tokenizer, p=0.5)
     rollout = _tiny_rollout(tokenizer, schedule)
     batch, _ = trl_batch(rollout, schedule, 8)
-    assert batch["env_mask"] == [r[:n] for r, n in zip(rollout.owner_BT.tolist(), rollout.response_mask_BT.sum(-1).tolist())]
+    n_B = rollout.response_mask_BT.sum(-1).tolist()
+    assert batch["env_mask"] == [r[:n] for r, n in zip(rollout.owner_BT.tolist(), n_B)]
     rollout.owner_BT = torch.ones_like(rollout.owner_BT)  # a mask that lost the junior's tokens
     with pytest.raises(TandemError, match="ownership mask disagrees"):
         trl_batch(rollout, schedule, 8)
@@ -248,7 +249,8 @@ def test_without_trl_the_rollout_says_how_to_install_it(monkeypatch):
 
 
 def test_builtin_rewards_take_trl_arguments():
-    completions = [[{"role": "assistant", "content": "so \\boxed{\\frac{1}{2}}"}], [{"role": "assistant", "content": "\\boxed{8}"}]]
+    completions = [[{"role": "assistant", "content": "so \\boxed{\\frac{1}{2}}"}],
+                   [{"role": "assistant", "content": "\\boxed{8}"}]]
     kw = dict(prompts=[[{"role": "user", "content": "q"}]] * 2, completion_ids=[[1], [2]], trainer_state=None,
               log_extra=None, log_metric=None)
     math = reward("math")
@@ -267,6 +269,8 @@ def test_trl_style_reward_in_our_config(tmp_path, monkeypatch):
         "def exact(prompts, completions, completion_ids, answer, solution, **kwargs):\n"
         "    assert prompts == [None] and completion_ids == [None] and answer == solution\n"
         "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n"
+        "def two(completions, **kwargs):\n"
+        "    return [1.0, 1.0]\n"
         "def plain(completion, gold):\n"
         "    return float(completion == gold)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -274,6 +278,8 @@ def test_trl_style_reward_in_our_config(tmp_path, monkeypatch):
     fn = import_reward("trl_style_rewards:exact")
     assert fn(" 7 ", "7") == 1.0 and fn("8", "7") == 0.0  # called as our trainer calls it: (completion, gold)
     assert import_reward("trl_style_rewards:plain")("7", "7") == 1.0
+    with pytest.raises(TandemError, match="'trl_style_rewards:two' returned 2 rewards for one completion"):
+        import_reward("trl_style_rewards:two")("7", "7")
 
 
 def _snippet_calls(page: str) -> list:

@@ -20,8 +20,8 @@ from tandem_rlvr.errors import TandemError
 from tandem_rlvr.rewards.scorer import RewardScorer
 
 __all__ = [
-    "REWARD_FNS", "boxed_exact_reward", "from_trl_signature", "get_reward_fn", "gsm8k_reward", "import_reward", "math_reward",
-    "reward_totals", "score_batch",
+    "REWARD_FNS", "boxed_exact_reward", "from_trl_signature", "get_reward_fn", "gsm8k_reward", "import_reward",
+    "math_reward", "reward_totals", "score_batch",
 ]
 
 _DEFAULT: RewardScorer | None = None
@@ -56,10 +56,9 @@ def math_reward(completion: Any, gold: Any, *, time_limit: float | None = None, 
     Equivalence is math-verify's (fractions, decimals, percentages, sets, intervals, ``x=3`` vs ``3``,
     ``\\dfrac``, units, ``^\\circ``, LaTeX spacing). No box → 0. At most ``time_limit`` seconds
     (default 2) per check from any thread or process; a timeout scores 0 and is counted in
-    :func:`reward_totals`. Extra keyword arguments (TRL passes prompts, ids, dataset columns) are
-    accepted and ignored, but this is one completion a call, not TRL's batch signature: under TRL's
-    ``GRPOTrainer`` use ``tandem_rlvr.trl.reward("math")``. ``completion`` may also be a TRL conversational
-    list of messages.
+    :func:`reward_totals`. Extra keyword arguments are accepted and ignored. One completion a call: it
+    does not take TRL's batch arguments (``completions=``, columns as lists); under TRL's ``GRPOTrainer``
+    use ``tandem_rlvr.trl.reward("math")``. ``completion`` may also be a TRL conversational list of messages.
     """
     return _score_one("math", completion, gold, time_limit)
 
