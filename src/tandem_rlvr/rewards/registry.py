@@ -20,8 +20,8 @@ from tandem_rlvr.errors import TandemError
 from tandem_rlvr.rewards.scorer import RewardScorer
 
 __all__ = [
-    "REWARD_FNS", "boxed_exact_reward", "get_reward_fn", "gsm8k_reward", "import_reward", "math_reward", "reward_totals",
-    "score_batch",
+    "REWARD_FNS", "boxed_exact_reward", "from_trl_signature", "get_reward_fn", "gsm8k_reward", "import_reward",
+    "math_reward", "reward_totals", "score_batch",
 ]
 
 _DEFAULT: RewardScorer | None = None
@@ -56,8 +56,9 @@ def math_reward(completion: Any, gold: Any, *, time_limit: float | None = None, 
     Equivalence is math-verify's (fractions, decimals, percentages, sets, intervals, ``x=3`` vs ``3``,
     ``\\dfrac``, units, ``^\\circ``, LaTeX spacing). No box → 0. At most ``time_limit`` seconds
     (default 2) per check from any thread or process; a timeout scores 0 and is counted in
-    :func:`reward_totals`. Extra keyword arguments (TRL passes prompts, ids, dataset columns) are
-    accepted and ignored. ``completion`` may also be a TRL conversational list of messages.
+    :func:`reward_totals`. Extra keyword arguments are accepted and ignored. One completion a call: it
+    does not take TRL's batch arguments (``completions=``, columns as lists); under TRL's ``GRPOTrainer``
+    use ``tandem_rlvr.trl.reward("math")``. ``completion`` may also be a TRL conversational list of messages.
     """
     return _score_one("math", completion, gold, time_limit)
 
@@ -101,8 +102,9 @@ def reward_totals() -> dict[str, float]:
 
 
 def import_reward(spec: str):
-    """A user reward ``"package.module:function"`` (a plain ``(completion, gold) -> float``), or None
-    for the built-in names, which are scored with a hard time limit in worker processes."""
+    """A user reward ``"package.module:function"`` (a plain ``(completion, gold) -> float``, or a TRL-style
+    reward, see :func:`from_trl_signature`), or None for the built-in names, which are scored with a hard
+    time limit in worker processes."""
     if ":" not in spec:
         return None
     import importlib
@@ -114,4 +116,32 @@ def import_reward(spec: str):
         raise TandemError(f"data.reward {spec!r} cannot be imported: {e}") from None
     if not callable(fn):
         raise TandemError(f"data.reward {spec!r} is not callable")
-    return fn
+    return from_trl_signature(fn, spec) if _takes_completions(fn) else fn
+
+
+def _takes_completions(fn) -> bool:
+    import inspect
+
+    try:
+        return "completions" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable without a readable signature: called as ours
+        return False
+
+
+def from_trl_signature(fn: Callable[..., Sequence[Any]], name: str = "") -> Callable[[Any, Any], float]:
+    """A TRL-style batch reward ``fn(prompts=, completions=, completion_ids=, **columns) -> list[float]``
+    (recognised by its parameter ``completions``) as our ``(completion, gold) -> float``: one completion
+    (text) a call, the gold answer passed as the columns ``answer`` and ``solution`` (TRL's
+    ``accuracy_reward`` reads ``solution``), ``prompts`` and ``completion_ids`` as ``[None]``, ``trainer_state``
+    None. A None reward (TRL: "not applicable") is NaN, which the trainer refuses."""
+    name = name or getattr(fn, "__name__", "reward")
+
+    def reward(completion: Any, gold: Any) -> float:
+        out = list(fn(prompts=[None], completions=[completion], completion_ids=[None], answer=[gold], solution=[gold],
+                      trainer_state=None))
+        if len(out) != 1:
+            raise TandemError(f"data.reward {name!r} returned {len(out)} rewards for one completion")
+        return float("nan") if out[0] is None else float(out[0])
+
+    reward.__name__ = getattr(fn, "__name__", "reward")
+    return reward
