@@ -67,6 +67,28 @@ def test_a_token_of_the_wrong_half_stops_the_run(tok, batch):
         eng.generate(PromptBatch(*batch), make_schedule("alternate", tok), GREEDY, seed=0)
 
 
+def test_a_stop_sentinel_the_processor_did_not_ask_for_stops_the_run(tok, batch):
+    """The sentinel 2V is a stop token only past max_rounds; anywhere else (or an id past it) it is no token of
+    either model and must not come back as the id V."""
+    V = len(tok)
+    for bad in (2 * V, 2 * V + 1):
+        eng, _ = _bare_engine(tok, [[bad]] * batch[0].shape[0])  # p = 0: the junior writes every token
+        with pytest.raises(EngineError, match=f"returned id {bad} at token 0, outside"):
+            eng.generate(PromptBatch(*batch), make_schedule("bernoulli", tok, p=0.0), GREEDY, seed=0)
+
+
+def test_every_id_both_stacks_read_is_in_the_vocabulary():
+    """The forward's id map on a vocabulary without padding rows (320 = 5 x 64, as Qwen3's 151,936): a junior
+    id V + i reads token i, and the stop sentinel 2V too lands in [0, V)."""
+    from tandem_rlvr.engines.vllm_dual import shared_ids
+
+    V = 320
+    ids = torch.arange(2 * V + 1)
+    got = shared_ids(ids, V)
+    assert int(got.min()) >= 0 and int(got.max()) < V
+    assert torch.equal(got[:V], ids[:V]) and torch.equal(got[V:2 * V], ids[:V])
+
+
 def test_missing_vllm_internals_name_the_installed_version(monkeypatch):
     import tandem_rlvr.engines.vllm_dual as vd
 
