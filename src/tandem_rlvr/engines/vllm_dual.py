@@ -124,9 +124,13 @@ class DualVLLMEngine(EngineBase):
         the prefix cache is dropped when tandem decoding resumes."""
         if self._solo == solo:
             return
-        if self._solo:
-            self.llm.reset_prefix_cache()
-        _model(self.llm)[1].set_solo(solo)
+
+        def switch():  # on the engine thread: the buffer is written on the engine's device and stream order
+            if self._solo:
+                self.llm.reset_prefix_cache()
+            _model(self.llm)[1].set_solo(solo)
+
+        self.thread.call(switch, self.timeout_s, "switching solo mode")
         self._solo = solo
 
     def _params(self, schedule: Schedule, sampling: Sampling, seed: int, n: int, b: int, max_rounds: int | None):
