@@ -318,10 +318,11 @@ class FaultySolo(SoloStandIn):
         super().__init__(*a)
         self.fault, self.at, self.calls = fault, at, 0
         self.release = threading.Event()
-        load = lambda weights_iterator, is_checkpoint_format: self.model.load_state_dict(dict(weights_iterator),
-                                                                                          strict=False)
         self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
-            reload_weights=load)))
+            reload_weights=self._reload)))
+
+    def _reload(self, weights_iterator, is_checkpoint_format):
+        self.model.load_state_dict(dict(weights_iterator), strict=False)
 
     def reset_prefix_cache(self):
         pass
