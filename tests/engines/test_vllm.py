@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers.vllm_fixtures import PROBLEMS, batch, needs_vllm, pair, tok  # noqa: F401 (fixtures)
-from helpers.vllm_fixtures import assert_same as _assert_same, shutdown as _shutdown
+from helpers.vllm_fixtures import assert_same as _assert_same
 from helpers.vllm_fixtures import vllm_model as _model
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import make_schedule
@@ -82,7 +82,9 @@ def test_vllm_solo_engine_and_weight_push(tok, pair, batch, tmp_path):
         with pytest.raises(Exception, match="'word' is not served by the vllm solo engine"):
             engine.generate(PromptBatch(*batch), make_schedule("word", tok), sampling)
     finally:
-        _shutdown(engine.llm)
+        engine.close()
+    engine.close()  # idempotent
+    assert not engine.llm.llm_engine.engine_core._finalizer.alive, "vLLM's in-process core was shut down"
 
 
 @pytest.mark.slow
@@ -128,7 +130,7 @@ def test_a_512_position_model_trains_on_vllm_with_the_default_prompt_budget(tok,
         tr.train()
         assert (tmp_path / "run" / "final").is_dir()
     finally:
-        _shutdown(tr.engine.llm)
+        tr.engine.close()
 
 
 @pytest.mark.slow

