@@ -8,6 +8,8 @@ kill, a node reboot of a local disk), so a stale ``run.lock`` left by a killed r
 resume: the next run takes the lock and rewrites the file. The file itself is never deleted (deleting
 a held lock file would let a second run lock a new file of the same name).
 
+The descriptor is not inherited by the processes a run starts (``os.open`` makes it close-on-exec; the
+verifier workers and the demo's jobs are started by exec), so a killed run's children cannot keep its lock.
 Within one process the lock is shared: a library caller that builds a second run on a directory its
 own process already holds (after a failed run, say) reuses the lock instead of refusing itself.
 """
@@ -56,7 +58,8 @@ class RunLock:
                 os.close(held[0])  # closing the descriptor drops the flock
 
     def __del__(self):
-        self.release()
+        with contextlib.suppress(Exception):  # at interpreter exit the module globals may be gone already
+            self.release()
 
     def __enter__(self) -> RunLock:
         return self
@@ -95,7 +98,11 @@ def acquire(run_dir: str | Path) -> RunLock:
         log.warning("could not lock %s (%s): this file system has no locks; nothing stops a second run on %s",
                     path, e.strerror, run_dir)
         return RunLock(path)
-    _write_holder(fd)
+    try:
+        _write_holder(fd)
+    except BaseException:
+        os.close(fd)
+        raise
     _HELD[key] = [fd, 1]
     return RunLock(path)
 
