@@ -315,3 +315,16 @@ def test_two_launched_processes_both_refuse_a_held_directory(tmp_path, model_dir
         assert _tree(run) == before and time.monotonic() - t0 < 300
     finally:
         _kill(p)
+
+
+def test_the_demo_clears_a_killed_jobs_run_directory_under_the_same_rules(tmp_path):
+    """The parallel demo empties each job's run directory before it starts (so leftovers do not count as
+    progress): only a run's own files; a foreign one stops the demo naming it, before any job starts."""
+    from tandem_rlvr.demo.jobs import JobContext, run_parallel
+
+    out = tmp_path / "demo"
+    _make(out / "runs" / "trlvr-seed0", ["config.yaml", "metrics.jsonl", "checkpoints/step-2/COMPLETE", "mine.txt"])
+    before = _tree(out)
+    with pytest.raises(TandemError, match="mine.txt"):
+        next(run_parallel(JobContext("senior", None, plan=None, out=str(out)), [("trlvr", 0)], 1))
+    assert _tree(out) == before
