@@ -328,3 +328,25 @@ def test_the_demo_clears_a_killed_jobs_run_directory_under_the_same_rules(tmp_pa
     with pytest.raises(TandemError, match="mine.txt"):
         next(run_parallel(JobContext("senior", None, plan=None, out=str(out)), [("trlvr", 0)], 1))
     assert _tree(out) == before
+
+
+def test_a_real_runs_directory_is_all_its_own_so_restart_works(tmp_path, model_dirs):
+    """What a run really writes (checkpoints, best/ from validation, final/, TensorBoard's folder, the lock) is
+    all recognised as the run's own: --restart on it succeeds, and a preempted run's marker is its own too."""
+    import yaml
+
+    from tandem_rlvr.cli import main
+
+    pytest.importorskip("tensorboard")
+    cfg = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=2,
+                       save_every=1, trackers=["tensorboard"])
+    c = yaml.safe_load(cfg.read_text())
+    c["val"] = {"data": c["data"]["train"], "every": 1, "n": 2, "limit": 2, "select": "pass@2"}
+    cfg.write_text(yaml.safe_dump(c))
+    assert main(["train", str(cfg)]) == 0
+    run = tmp_path / "run"
+    names = {p.name for p in run.iterdir()}
+    assert {"best", "final", "checkpoints", "tandem-rlvr", "run.lock", "metrics.jsonl", "config.yaml"} <= names, names
+    (run / "preempted.json").write_text("{}")
+    assert rundir.first_foreign(run) is None
+    assert main(["train", str(cfg), "--restart"]) == 0

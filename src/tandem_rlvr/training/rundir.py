@@ -4,8 +4,8 @@
 else (:func:`first_foreign`): ``config.yaml``, ``metrics.jsonl``, ``preempted.json``, ``watchdog-rank{R}.txt``,
 ``run.lock`` (kept: it may be held), ``checkpoints/`` (whose entries must be ``step-N``, ``.tmp-step-N``,
 ``.trash-step-N``, ``.step-N.old`` or ``damaged-step-N[.k]``), ``best/`` and ``final/`` (with their ``.tmp-``
-and ``.old`` siblings), the temporary files of atomic writes, TensorBoard's ``tandem-rlvr/`` (event files
-only) and, for a run whose ``config.yaml`` names the ``aim`` tracker, ``.aim/``. Anything else (or a
+and ``.old`` siblings), the temporary files of atomic writes, TensorBoard's ``tandem-rlvr/`` (event files and
+``hparams.yml`` only) and, for a run whose ``config.yaml`` names the ``aim`` tracker, ``.aim/``. Anything else (or a
 symbolic link) is a foreign file: the restart is refused naming it and nothing is deleted. The directory
 itself is never removed, and ``/``, the home directory, the current directory and their ancestors are
 refused outright.
@@ -33,7 +33,7 @@ RUN_FILES = re.compile(r"^(config\.yaml|metrics\.jsonl|preempted\.json|watchdog-
                        r"|\.(config\.yaml|metrics\.jsonl|preempted\.json)\..+\.tmp)$")
 RUN_DIRS = re.compile(r"^(checkpoints|best|final|\.tmp-(best|final)|\.(best|final)\.old)$")
 CKPT_ENTRIES = re.compile(r"^(step-\d+|\.tmp-step-\d+|\.trash-step-\d+|\.step-\d+\.old|damaged-step-\d+(\.\d+)?)$")
-TENSORBOARD_DIR, TENSORBOARD_FILE = "tandem-rlvr", re.compile(r"^events\.out\.tfevents\..+$")
+TENSORBOARD_DIR, TENSORBOARD_FILE = "tandem-rlvr", re.compile(r"^(events\.out\.tfevents\..+|hparams\.yml)$")
 
 # keys a resumed run may change (how long, how often to save or log); any other change is refused
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.save_every", "train.keep_last", "train.trackers",
