@@ -131,6 +131,11 @@ def test_every_rename_that_publishes_is_followed_by_an_fsync_of_its_folder(tmp_p
     ck.save_model(model, tokenizer, run / "best", extra_json={"best.json": {"step": 2}})
     ck.save_model(model, tokenizer, run / "best", extra_json={"best.json": {"step": 3}})
     integrity.move_aside(run / "checkpoints" / "step-2")
+    from tandem_rlvr.world.build import _install  # the world build's models, installed into the cache
+
+    for _ in range(2):  # new, then replacing the old one
+        (tmp_path / "world.tmp").mkdir()
+        _install(tmp_path / "world.tmp", tmp_path / "world")
     replaces = [i for i, (kind, _) in enumerate(events) if kind == "replace"]
     assert len(replaces) >= 10
     for i in replaces:
