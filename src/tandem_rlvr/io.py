@@ -1,4 +1,5 @@
-"""Atomic file writes: a temporary name in the same folder, fsync, then rename."""
+"""Atomic file writes: a temporary name in the same folder, fsync, then rename (and fsync the folder, so the
+rename itself survives a power loss: :func:`replace_durably`)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def atomic_open(path: str | Path, *, binary: bool = False) -> Iterator[IO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_durably(tmp, path)
     except BaseException as e:
         written = Path(tmp).stat().st_size if Path(tmp).exists() else 0
         Path(tmp).unlink(missing_ok=True)
@@ -136,17 +137,42 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
+def fsync_dir(path: str | Path) -> None:
+    """fsync the directory ``path``, so the renames and new names inside it are on disk (a rename is only
+    durable once its folder is synced). File systems that cannot open or sync a directory are skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # e.g. some network file systems refuse fsync on a directory
+        pass
+    finally:
+        os.close(fd)
+
+
+def replace_durably(src: str | Path, dst: str | Path) -> None:
+    """``os.replace(src, dst)``, then fsync the folder of ``dst`` (and of ``src`` when it differs)."""
+    os.replace(src, dst)
+    fsync_dir(Path(dst).parent)
+    if Path(src).parent != Path(dst).parent:
+        fsync_dir(Path(src).parent)
+
+
 def publish_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
-    """Move a fully written ``tmp_dir`` to ``final_dir`` (replacing an older one)."""
+    """Move a fully written ``tmp_dir`` to ``final_dir`` (replacing an older one); each rename is made
+    durable (:func:`replace_durably`)."""
     final_dir = Path(final_dir)
+    fsync_dir(tmp_dir)  # the names written inside it
     if final_dir.exists():
         trash = final_dir.with_name(f".{final_dir.name}.old")
         shutil.rmtree(trash, ignore_errors=True)
-        os.replace(final_dir, trash)
-        os.replace(tmp_dir, final_dir)
+        replace_durably(final_dir, trash)
+        replace_durably(tmp_dir, final_dir)
         shutil.rmtree(trash, ignore_errors=True)
     else:
-        os.replace(tmp_dir, final_dir)
+        replace_durably(tmp_dir, final_dir)
 
 
 # -- a full disk (named, with the space needed) ------------------------------------------------

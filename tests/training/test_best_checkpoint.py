@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -42,10 +43,21 @@ def test_val_select_must_be_a_pass_at_k_that_validation_computes(select, n, ok):
             load_config(None, over)
 
 
-def test_the_trainer_keeps_the_selected_step_and_says_so(tmp_path, model_dirs):
+def test_the_trainer_keeps_the_selected_step_and_says_so(tmp_path, model_dirs, monkeypatch):
     """A real run validating every step with 2 samples: best/best.json holds the step best_step picks from
-    its own metrics.jsonl for val/pass@2, and best/ holds that step's weights."""
+    its own metrics.jsonl for val/pass@2, and best/ holds that step's weights. best.json is inside the
+    directory before it is published (renamed to best/), so best/ never appears without it."""
     from tandem_rlvr.cli import main
+    from tandem_rlvr.training import checkpoint as ck
+
+    published, real_publish = [], ck.publish_dir
+
+    def publish(tmp, final):
+        if Path(final).name == "best":
+            published.append(json.loads((Path(tmp) / "best.json").read_text()))
+        real_publish(tmp, final)
+
+    monkeypatch.setattr(ck, "publish_dir", publish)
 
     cfg = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=4, save_every=0)
     c = yaml.safe_load(cfg.read_text())
@@ -58,4 +70,5 @@ def test_the_trainer_keeps_the_selected_step_and_says_so(tmp_path, model_dirs):
     assert step is not None
     best = json.loads((run / "best" / "best.json").read_text())
     assert best == {"metric": "val/pass@2", "value": value, "step": step}
+    assert published and published[-1] == best and [b["step"] for b in published] == sorted({b["step"] for b in published})
     assert (run / "best" / "model.safetensors").is_file()

@@ -123,15 +123,16 @@ def run_parallel(ctx: JobContext, todo: list, n: int):
     """Run the jobs in ``n`` spawned processes; one progress bar (with ETA) over the whole demo, in
     training steps, counted from the runs' ``metrics.jsonl``; an evaluation counts as ``_eval_units``."""
     import multiprocessing as mp
-    import shutil
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     from tqdm.auto import tqdm
 
+    from tandem_rlvr.training.rundir import clear_run
+
     plan, out = ctx.plan, Path(ctx.out)
     for arm, seed in todo:  # a killed run's leftovers would count as progress before its job restarts it
         if arm is not None:
-            shutil.rmtree(out / "runs" / f"{arm}-seed{seed}", ignore_errors=True)
+            clear_run(out / "runs" / f"{arm}-seed{seed}")  # only a run's own files (else refused, naming one)
     unit = _eval_units(plan)
 
     def cost(job) -> int:  # training steps, plus the evaluation

@@ -38,7 +38,8 @@ class RunParts:
     trlvr arm's handoff schedule (``none`` for the solo arms), the only copy of ``handoff.p`` the run
     reads; ``prompts`` are the prompts that fit the context, ``prompt_example[i]`` the example of
     prompt ``i``; ``reward_fn`` an in-process ``reward(completion, gold)`` or None (the config's verifier
-    in worker processes); ``resume_from`` the checkpoint to resume from (None: a fresh run)."""
+    in worker processes); ``resume_from`` the checkpoint to resume from (None: a fresh run); ``lock`` the run
+    directory's lock (:mod:`tandem_rlvr.training.runlock`; the main process holds it, None elsewhere)."""
 
     acc: object
     pair: object
@@ -56,6 +57,7 @@ class RunParts:
     reward_fn: Callable | None
     resume_from: Path | None
     text_metrics: Callable | None = None
+    lock: object | None = None
 
 
 def run_schedule(cfg: Config, tokenizer, vocab_size: int) -> Schedule:
@@ -70,12 +72,22 @@ def build_run(cfg: Config, *, pair=None, reward_fn=None, examples=None, restart:
     """Every part of the run ``cfg`` describes. ``pair``/``examples`` replace loading from the config;
     ``reward_fn(completion, gold)`` replaces the verifier (in-process); ``text_metrics(texts) -> dict``
     adds rollout metrics; ``vllm_engine`` replaces vLLM's engines (tests); ``restart`` empties the run
-    directory instead of resuming from it."""
-    from tandem_rlvr.models import eos_ids, load_pair
-
+    directory instead of resuming from it. The main process holds the run directory's lock from here on
+    (``RunParts.lock``)."""
     preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
     acc = _accelerator(cfg)
-    resume_from = _prepare_run_dir(acc, cfg, restart)
+    lock, resume_from = _prepare_run_dir(acc, cfg, restart)
+    try:
+        return _build_parts(cfg, acc, lock, resume_from, pair, reward_fn, examples, text_metrics, vllm_engine)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build_parts(cfg, acc, lock, resume_from, pair, reward_fn, examples, text_metrics, vllm_engine) -> RunParts:
+    from tandem_rlvr.models import eos_ids, load_pair
+
     if cfg.mini_batch_prompts() % acc.num_processes:
         raise TandemError(f"algo.mini_batch_prompts={cfg.mini_batch_prompts()} must be divisible by the "
                           f"number of processes ({acc.num_processes}) so each owns whole prompt groups")
@@ -95,7 +107,8 @@ def build_run(cfg: Config, *, pair=None, reward_fn=None, examples=None, restart:
     engine.check(schedule)
     return RunParts(acc=acc, pair=pair, senior=senior, sharded=cfg.train.fsdp != "off", opt=opt, lr_sched=lr_sched,
                     schedule=schedule, engine=engine, eos=eos, examples=examples, prompts=prompts,
-                    prompt_example=prompt_example, context=context, reward_fn=reward_fn, resume_from=resume_from, text_metrics=text_metrics)
+                    prompt_example=prompt_example, context=context, reward_fn=reward_fn, resume_from=resume_from, text_metrics=text_metrics,
+                    lock=lock)
 
 
 def _accelerator(cfg: Config):
@@ -112,15 +125,16 @@ def _accelerator(cfg: Config):
     return acc
 
 
-def _prepare_run_dir(acc, cfg: Config, restart: bool) -> Path | None:
-    """The main process prepares the run directory; every process learns the outcome and the checkpoint
-    to resume from."""
+def _prepare_run_dir(acc, cfg: Config, restart: bool):
+    """The main process locks and prepares the run directory (:func:`~tandem_rlvr.training.rundir.open_run`);
+    every process learns the outcome (a refusal stops them all with its message) and the checkpoint to resume
+    from. Returns ``(lock or None, resume_from)``."""
     from accelerate.utils import broadcast_object_list
 
-    run_dir, error, resume_from = Path(cfg.train.out_dir), [None], None
+    run_dir, error, resume_from, lock = Path(cfg.train.out_dir), [None], None, None
     if acc.is_main_process:
         try:
-            resume_from = rundir.prepare(run_dir, cfg, restart)
+            lock, resume_from = rundir.open_run(run_dir, cfg, restart)
         except TandemError as e:
             error = [str(e)]
     if acc.num_processes > 1:
@@ -128,7 +142,7 @@ def _prepare_run_dir(acc, cfg: Config, restart: bool) -> Path | None:
         resume_from = ckpt_mod.latest_checkpoint(run_dir)
     if error[0] is not None:
         raise TandemError(error[0])
-    return resume_from
+    return lock, resume_from
 
 
 def _senior_and_optimizer(cfg: Config, acc, pair):

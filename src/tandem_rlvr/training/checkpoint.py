@@ -4,7 +4,9 @@ A checkpoint ``checkpoints/step-N/`` holds the senior in Hugging Face format (sa
 optimiser and scheduler states, every RNG state (python, numpy, torch) and ``trainer_state.json``
 (step, data position, counters). Only directories whose name is ``step-N`` and which contain the
 ``COMPLETE`` marker are ever loaded; half-written ``.tmp-*`` directories are ignored and cleaned.
-``checksums.json`` (see :mod:`tandem_rlvr.integrity`) lets a resume detect a damaged file.
+``checksums.json`` (see :mod:`tandem_rlvr.integrity`) lets a resume detect a damaged file; a checkpoint
+without it is not loaded (``trust_unverified=True`` or ``python -m tandem_rlvr.integrity vouch DIR``
+for one written elsewhere), and only the files it lists are read.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import logging
 import random
 import re
-import os
 import shutil
 from pathlib import Path
 
@@ -21,7 +22,8 @@ import numpy as np
 import torch
 
 from tandem_rlvr import integrity
-from tandem_rlvr.io import atomic_write_json, publish_dir
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.io import atomic_write_json, publish_dir, replace_durably
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +53,19 @@ def set_rng_state(plain: dict, tensors: dict) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = None) -> Path:
+def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = None,
+               extra_json: dict[str, dict] | None = None) -> Path:
     """Save ``model`` (merged if it is a peft model) and ``tokenizer`` atomically as safetensors;
-    ``state_dict``: the weights to write instead of the model's own (a sharded model's full state)."""
+    ``state_dict``: the weights to write instead of the model's own (a sharded model's full state);
+    ``extra_json``: ``{file name: object}`` written inside before the directory is published (``best.json``)."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".tmp-{out_dir.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     _save_weights(model, tmp, state_dict)
     tokenizer.save_pretrained(str(tmp))
+    for name, obj in (extra_json or {}).items():
+        atomic_write_json(tmp / name, obj)
     (tmp / MARKER).write_text("ok\n")
     publish_dir(tmp, out_dir)
     return out_dir
@@ -152,7 +158,7 @@ def prune(ckpt_root: Path, keep_last: int) -> None:
     for d in complete_checkpoints(ckpt_root.parent)[:-keep_last]:
         trash = ckpt_root / f".trash-{d.name}"
         shutil.rmtree(trash, ignore_errors=True)
-        os.replace(d, trash)
+        replace_durably(d, trash)
     for d in [*ckpt_root.glob(".tmp-*"), *ckpt_root.glob(".trash-*")]:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -176,16 +182,19 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bool | None = None) -> dict:
+def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bool | None = None,
+                    trust_unverified: bool = False) -> dict:
     """Restore weights, optimiser, scheduler and RNG states in place; returns the trainer state.
 
-    ``sharded_main`` (a senior sharded by :mod:`tandem_rlvr.training.fsdp`): whether this is the main process,
-    which reads the full states and broadcasts them into every process's shards."""
+    Only the files ``checksums.json`` lists are read (:func:`weight_files`); a checkpoint without it is
+    refused unless ``trust_unverified``. ``sharded_main`` (a senior sharded by :mod:`tandem_rlvr.training.fsdp`):
+    whether this is the main process, which reads the full states and broadcasts them into every process's shards."""
     from safetensors.torch import load_file
 
     from tandem_rlvr.training import fsdp
 
     sharded = sharded_main is not None
+    weights = weight_files(ckpt, trust_unverified)
     ts = torch.load(ckpt / "train_state.pt", weights_only=True)
     if hasattr(model, "peft_config"):
         lora = torch.load(ckpt / "lora_state.pt", weights_only=True)
@@ -194,7 +203,7 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bo
     else:
         state = {}
         if not sharded or sharded_main:  # sharded: only the main process reads, then broadcasts
-            for f in sorted(ckpt.glob("*.safetensors")):
+            for f in weights:
                 state.update(load_file(str(f)))
         if sharded:
             result = fsdp.load_model_state(model, state, main=sharded_main)
@@ -213,13 +222,39 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bo
     return state
 
 
+_READ = ("train_state.pt", "trainer_state.json", "lora_state.pt")  # what load_checkpoint reads besides weights
+
+
+def weight_files(ckpt: Path, trust_unverified: bool = False) -> list[Path]:
+    """The ``*.safetensors`` files of ``ckpt`` that ``checksums.json`` lists; a weight file (or a state
+    file :func:`load_checkpoint` reads) present but not listed raises :class:`TandemError` naming it, a
+    checkpoint without checksums :class:`~tandem_rlvr.integrity.Unverified` (``trust_unverified``: every one)."""
+    present = sorted(ckpt.glob("*.safetensors"))
+    try:
+        listed = integrity.listed_files(ckpt)
+    except integrity.Unverified:
+        if not trust_unverified:
+            raise
+        log.warning("checkpoint %s has no %s: loading it unverified (trust_unverified)", ckpt, integrity.SUMS)
+        return present
+    for f in [*present, *(ckpt / n for n in _READ)]:
+        if f.exists() and f.name not in listed:
+            raise TandemError(f"checkpoint {ckpt}: {f.name} is not listed in {integrity.SUMS} (not written with "
+                              "this checkpoint); not loaded. Remove the file or the checkpoint")
+    return present
+
+
 def _is_tied(model, key: str) -> bool:
     return bool(getattr(model.config, "tie_word_embeddings", False)) and key.endswith("lm_head.weight")
 
 
-def newest_intact_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint whose files verify; damaged newer ones are moved aside (logged)."""
+def newest_intact_checkpoint(run_dir: str | Path, trust_unverified: bool = False) -> Path | None:
+    """The newest complete checkpoint whose files verify; damaged newer ones are moved aside (logged). One
+    without ``checksums.json`` raises :class:`~tandem_rlvr.integrity.Unverified` (``trust_unverified``: taken
+    as it is)."""
     for ckpt in reversed(complete_checkpoints(run_dir)):
+        if trust_unverified and not (ckpt / integrity.SUMS).exists():
+            return ckpt
         why = integrity.damage(ckpt)
         if why is None:
             return ckpt

@@ -1,8 +1,21 @@
-"""The run directory: start fresh, resume the same run, or refuse to mix two runs."""
+"""The run directory: start fresh, resume the same run, or refuse to mix two runs.
+
+``--restart`` (``restart=True``) deletes only what a run writes, and only when the directory holds nothing
+else (:func:`first_foreign`): ``config.yaml``, ``metrics.jsonl``, ``preempted.json``, ``watchdog-rank{R}.txt``,
+``run.lock`` (kept: it may be held), ``checkpoints/`` (whose entries must be ``step-N``, ``.tmp-step-N``,
+``.trash-step-N``, ``.step-N.old`` or ``damaged-step-N[.k]``), ``best/`` and ``final/`` (with their ``.tmp-``
+and ``.old`` siblings), the temporary files of atomic writes, TensorBoard's ``tandem-rlvr/`` (event files and
+``hparams.yml`` only) and, for a run whose ``config.yaml`` names the ``aim`` tracker, ``.aim/``. Anything else (or a
+symbolic link) is a foreign file: the restart is refused naming it and nothing is deleted. The directory
+itself is never removed, and ``/``, the home directory, the current directory and their ancestors are
+refused outright.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -13,6 +26,14 @@ from tandem_rlvr import integrity
 from tandem_rlvr.config import Config, save_config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_text, read_jsonl
+from tandem_rlvr.training import runlock
+
+# what a run writes directly in its directory (regular files, then folders); see the module docstring
+RUN_FILES = re.compile(r"^(config\.yaml|metrics\.jsonl|preempted\.json|watchdog-rank\d+\.txt"
+                       r"|\.(config\.yaml|metrics\.jsonl|preempted\.json)\..+\.tmp)$")
+RUN_DIRS = re.compile(r"^(checkpoints|best|final|\.tmp-(best|final)|\.(best|final)\.old)$")
+CKPT_ENTRIES = re.compile(r"^(step-\d+|\.tmp-step-\d+|\.trash-step-\d+|\.step-\d+\.old|damaged-step-\d+(\.\d+)?)$")
+TENSORBOARD_DIR, TENSORBOARD_FILE = "tandem-rlvr", re.compile(r"^(events\.out\.tfevents\..+|hparams\.yml)$")
 
 # keys a resumed run may change (how long, how often to save or log); any other change is refused
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.save_every", "train.keep_last", "train.trackers",
@@ -36,11 +57,12 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
 def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
     """Make ``run_dir`` ready; return the checkpoint to resume from (None = fresh start).
 
-    ``restart`` deletes the directory first. A directory with progress (a checkpoint or metrics)
-    is resumed only if its ``config.yaml`` matches ``cfg`` up to :data:`RESUMABLE_CHANGES`.
+    ``restart`` first deletes what a run wrote there (:func:`clear_run`; refused if it holds anything
+    else). A directory with progress (a checkpoint or metrics) is resumed only if its ``config.yaml``
+    matches ``cfg`` up to :data:`RESUMABLE_CHANGES`. The caller holds the directory's lock (:func:`open_run`).
     """
-    if restart and run_dir.exists():
-        shutil.rmtree(run_dir)
+    if restart:
+        clear_run(run_dir)
     resume_from = ckpt_mod.newest_intact_checkpoint(run_dir)  # a damaged newest one is moved aside
     has_progress = resume_from is not None or bool(read_jsonl(run_dir / "metrics.jsonl"))
     if has_progress:
@@ -57,6 +79,85 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     return resume_from
+
+
+def open_run(run_dir: Path, cfg: Config, restart: bool) -> tuple[runlock.RunLock, Path | None]:
+    """Lock ``run_dir`` for this run (:mod:`tandem_rlvr.training.runlock`), then :func:`prepare` it; returns
+    the held lock and the checkpoint to resume from. A restart that would be refused is refused before
+    the lock file is created; on any error the lock is released."""
+    if restart:
+        _check_restart(run_dir)
+    lock = runlock.acquire(run_dir)
+    try:
+        return lock, prepare(run_dir, cfg, restart)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _check_restart(run_dir: Path) -> None:
+    """Refuse a restart of ``/``, the home or current directory (or an ancestor of either), or of a
+    directory holding anything a run does not write (:func:`first_foreign`)."""
+    target = Path(os.path.abspath(run_dir)).resolve()
+    for what, protected in (("the current directory", Path.cwd()), ("the home directory", Path.home())):
+        protected = protected.resolve()
+        if target == protected or target in protected.parents:
+            raise TandemError(f"--restart would delete {str(run_dir)!r}, which is {what} or holds it "
+                              f"({target}): refused; set train.out_dir to a run's own directory")
+    foreign = first_foreign(run_dir)
+    if foreign is not None:
+        raise TandemError(f"--restart refused: {str(run_dir)!r} holds {str(foreign)!r}, which no run writes; "
+                          "nothing was deleted. Move it away or choose another train.out_dir")
+
+
+def first_foreign(run_dir: Path) -> Path | None:
+    """The first entry of ``run_dir`` (sorted; one level into ``checkpoints/``, every file of TensorBoard's
+    folder) that a run does not write, or None when everything there is a run's own (or nothing is there)."""
+    if not run_dir.exists():
+        return None
+    if not run_dir.is_dir():
+        return run_dir
+    aim = "aim" in _old_trackers(run_dir)
+    for e in sorted(run_dir.iterdir()):
+        if e.is_symlink():
+            return e
+        if e.is_file() and (RUN_FILES.match(e.name) or e.name == runlock.LOCK_NAME):
+            continue
+        if e.is_dir() and e.name == "checkpoints":
+            bad = next((c for c in sorted(e.iterdir()) if c.is_symlink() or not CKPT_ENTRIES.match(c.name)), None)
+        elif e.is_dir() and e.name == TENSORBOARD_DIR:
+            bad = next((f for f in sorted(e.rglob("*"))
+                        if f.is_symlink() or (not f.is_dir() and not TENSORBOARD_FILE.match(f.name))), None)
+        elif e.is_dir() and (RUN_DIRS.match(e.name) or (aim and e.name == ".aim")):
+            bad = None
+        else:
+            bad = e
+        if bad is not None:
+            return bad
+    return None
+
+
+def _old_trackers(run_dir: Path) -> list:
+    try:
+        old = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        return list(old.get("train", {}).get("trackers") or [])
+    except (OSError, yaml.YAMLError, AttributeError, TypeError):
+        return []
+
+
+def clear_run(run_dir: Path) -> None:
+    """Delete what a run wrote in ``run_dir`` after :func:`_check_restart` (a foreign file refuses it and
+    nothing is deleted); the directory and its ``run.lock`` stay."""
+    _check_restart(run_dir)
+    if not run_dir.exists():
+        return
+    for e in sorted(run_dir.iterdir()):
+        if e.name == runlock.LOCK_NAME:
+            continue
+        if e.is_dir() and not e.is_symlink():
+            shutil.rmtree(e)
+        else:
+            e.unlink()
 
 
 def truncate_metrics(run_dir: Path, step: int) -> None:

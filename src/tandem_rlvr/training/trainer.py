@@ -22,7 +22,7 @@ from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.scoring import sequence_logps
 from tandem_rlvr.engines.types import Rollout, Sampling, concat_rollouts
 from tandem_rlvr.errors import TandemError
-from tandem_rlvr.io import append_jsonl, atomic_write_json
+from tandem_rlvr.io import append_jsonl
 from tandem_rlvr.trackers import flat_config
 from tandem_rlvr.training import checkpoint as ckpt_mod
 from tandem_rlvr.training import core, dist, fsdp, preempt, rundir
@@ -50,7 +50,7 @@ class Trainer:
         self.bridge = parts.pair.junior_tokenizer is not None
         self.examples, self.prompts, self.prompt_example = parts.examples, parts.prompts, parts.prompt_example
         self.context, self.reward_fn, self.text_metrics = parts.context, parts.reward_fn, parts.text_metrics
-        self.resume_from = parts.resume_from
+        self.resume_from, self.lock = parts.resume_from, parts.lock  # the run directory's lock (main process)
         self.scorer = None
         self.step = 0
         self.nonfinite_run = 0
@@ -348,18 +348,16 @@ class Trainer:
             raise TandemError(f"validation did not compute {key} (val.select={cfg.val.select}, val.n={cfg.val.n})")
         if improves(self.best["val"], metrics[key]):
             self.best = {"val": metrics[key], "step": self.step, "metric": key}
-            self._save_model(self.run_dir / "best")
-            if self.acc.is_main_process:
-                atomic_write_json(self.run_dir / "best" / "best.json", {"metric": key, "value": metrics[key],
-                                                                       "step": self.step})
+            self._save_model(self.run_dir / "best", {"best.json": {"metric": key, "value": metrics[key], "step": self.step}})
         return metrics
 
-    def _save_model(self, out_dir: Path) -> None:
-        """The senior as a plain HF directory, written by the main process (gathered by all if sharded)."""
+    def _save_model(self, out_dir: Path, extra_json: dict | None = None) -> None:
+        """The senior as a plain HF directory (with ``extra_json`` files inside), written by the main process
+        (gathered by all if sharded)."""
         senior = self.acc.unwrap_model(self.senior)
         state = fsdp.full_model_state(senior) if self.sharded else None
         if self.acc.is_main_process:
-            ckpt_mod.save_model(senior, self.tok, out_dir, state_dict=state)
+            ckpt_mod.save_model(senior, self.tok, out_dir, state_dict=state, extra_json=extra_json)
 
     def save(self) -> Path | None:
         """Checkpoint the current step (written by the main process; a sharded senior is gathered by all)."""
@@ -415,5 +413,11 @@ def make_trainer(cfg: Config, **kw) -> Trainer:
 
 
 def train(cfg: Config, *, restart: bool = False, **kw) -> Path:
-    """Train one run from a config; resumes from the newest checkpoint of ``train.out_dir``."""
-    return make_trainer(cfg, restart=restart, **kw).train()
+    """Train one run from a config; resumes from the newest checkpoint of ``train.out_dir``. The run directory
+    stays locked until the run ends (:mod:`tandem_rlvr.training.runlock`)."""
+    trainer = make_trainer(cfg, restart=restart, **kw)
+    try:
+        return trainer.train()
+    finally:
+        if trainer.lock is not None:
+            trainer.lock.release()

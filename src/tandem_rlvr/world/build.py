@@ -35,6 +35,7 @@ from tandem_rlvr.world.problems import (
     sft_problems,
 )
 from tandem_rlvr.errors import TandemError
+from tandem_rlvr.io import replace_durably
 from tandem_rlvr.world.properties import PROPERTIES, PROPERTY_COUNT
 from tandem_rlvr.world.rules import MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, seeded_specs
 from tandem_rlvr.world.sft import ModelSpec
@@ -320,11 +321,11 @@ def _install(tmp: Path, final: Path) -> None:
     """Move a finished build into place; an existing folder is swapped out first and removed."""
     if final.exists():
         trash = final.with_name(f".trash-{final.name}-{os.getpid()}-{time.time_ns()}")
-        os.replace(final, trash)
-        os.replace(tmp, final)
+        replace_durably(final, trash)
+        replace_durably(tmp, final)
         shutil.rmtree(trash, ignore_errors=True)
     else:
-        os.replace(tmp, final)
+        replace_durably(tmp, final)
 
 
 def prebuilt_world(world: str = "arith") -> Path | None:

@@ -1,0 +1,352 @@
+"""The run directory: --restart deletes only what a run wrote, and one run at a time holds a directory.
+
+Restart: a directory holding exactly a run's files is emptied (but kept, with its lock file); one more file
+anywhere a run would not write it refuses the restart in one line naming it, with nothing deleted; the
+current, home and root directories are refused whatever they hold.
+Lock: a second process on a held directory is refused naming the holder's pid; a SIGKILLed holder's stale
+lock file does not block the next run; in a multi-process run the main process's verdict stops every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.run_files import write_config
+from tandem_rlvr.config import load_config
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.training import rundir, runlock
+
+# everything a run writes in its directory (see the docstring of tandem_rlvr.training.rundir)
+RUN_TREE = ["config.yaml", "metrics.jsonl", "preempted.json", "watchdog-rank0.txt", "watchdog-rank1.txt",
+            ".metrics.jsonl.k2j3.tmp", ".config.yaml.x8.tmp", "run.lock",
+            "checkpoints/step-2/model.safetensors", "checkpoints/step-4/COMPLETE", "checkpoints/.tmp-step-6/x",
+            "checkpoints/.trash-step-1/y", "checkpoints/damaged-step-5/z", "checkpoints/damaged-step-5.1/z",
+            "checkpoints/.step-4.old/w", "best/model.safetensors", "best/best.json", "final/model.safetensors",
+            ".tmp-final/a", ".best.old/b", "tandem-rlvr/events.out.tfevents.1.host.2",
+            "tandem-rlvr/1712/events.out.tfevents.3.host.4"]
+
+
+@pytest.fixture(autouse=True)
+def _deletions_stay_in_tmp(tmp_path, monkeypatch):
+    """These tests point --restart at real directories (``/``, the current one): under a planted bug (a bare
+    ``rmtree``) a deletion outside ``tmp_path`` must fail the test, never happen."""
+    import shutil
+
+    inside = tmp_path.resolve()
+    real_rmtree, real_unlink, real_remove = shutil.rmtree, Path.unlink, os.remove
+
+    def guard(path):
+        resolved = Path(os.path.abspath(path)).resolve()
+        if resolved != inside and inside not in resolved.parents:
+            raise AssertionError(f"the test tried to delete {resolved}, outside its tmp_path")
+
+    def rmtree(path, *a, **k):
+        guard(path)
+        return real_rmtree(path, *a, **k)
+
+    def unlink(self, *a, **k):
+        guard(self)
+        return real_unlink(self, *a, **k)
+
+    def remove(path, *a, dir_fd=None, **k):
+        if dir_fd is None:
+            guard(path)
+        return real_remove(path, *a, dir_fd=dir_fd, **k)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr(os, "remove", remove)
+    monkeypatch.setattr(os, "unlink", remove)
+
+
+def _make(root: Path, rel_paths) -> None:
+    for rel in rel_paths:
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(rel)
+
+
+def _tree(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): (p.read_text() if p.is_file() and not p.is_symlink() else "<dir/link>")
+            for p in sorted(root.rglob("*"))}
+
+
+def _cfg(run: Path, *over):
+    return load_config(None, ["model.senior=s", "model.junior=j", f"train.out_dir={run}", *over])
+
+
+def test_restart_empties_a_directory_that_holds_only_a_runs_files(tmp_path):
+    run = tmp_path / "run"
+    _make(run, RUN_TREE)
+    assert rundir.first_foreign(run) is None
+    assert rundir.prepare(run, _cfg(run), restart=True) is None
+    assert run.is_dir() and sorted(p.name for p in run.iterdir()) == ["config.yaml", "run.lock"]
+    assert (run / "run.lock").read_text() == "run.lock"  # the (possibly held) lock file is never deleted
+
+
+@pytest.mark.parametrize("foreign,named", [("data.csv", "data.csv"), ("checkpoints/notes.txt", "checkpoints/notes.txt"),
+                                           ("tandem-rlvr/readme.md", "tandem-rlvr/readme.md"), (".aim/x", ".aim"),
+                                           ("best.bak/model.safetensors", "best.bak"), ("final", "final"),
+                                           ("checkpoints/step-3x/y", "checkpoints/step-3x")])
+def test_restart_refuses_a_foreign_file_names_it_and_deletes_nothing(tmp_path, foreign, named):
+    import shutil
+
+    run = tmp_path / "run"
+    _make(run, RUN_TREE)
+    if foreign == "final":  # a file where a run writes a folder
+        shutil.rmtree(run / "final")
+    _make(run, [foreign])
+    before = _tree(run)
+    with pytest.raises(TandemError, match="--restart refused") as e:
+        rundir.prepare(run, _cfg(run), restart=True)
+    assert f"holds {str(run / named)!r}" in str(e.value) and "\n" not in str(e.value)
+    assert _tree(run) == before
+
+
+def test_aim_folder_is_a_runs_own_when_its_config_names_the_tracker(tmp_path):
+    run = tmp_path / "run"
+    _make(run, [".aim/meta/x", "metrics.jsonl"])
+    (run / "config.yaml").write_text("train:\n  trackers: [aim]\n")
+    assert rundir.first_foreign(run) is None
+    (run / "config.yaml").write_text("train:\n  trackers: [tensorboard]\n")
+    assert rundir.first_foreign(run) == run / ".aim"
+
+
+def test_restart_refuses_a_symbolic_link_and_keeps_its_target(tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "precious"
+    _make(run, ["config.yaml"])
+    _make(elsewhere, ["thesis.tex"])
+    (run / "best").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(TandemError, match="best"):
+        rundir.prepare(run, _cfg(run), restart=True)
+    assert (elsewhere / "thesis.tex").read_text() == "thesis.tex" and (run / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("which", [".", "cwd", "..", "home", "/"])
+def test_restart_never_deletes_the_current_home_or_root_directory(tmp_path, monkeypatch, which):
+    """Defence in depth (the config refuses these out_dirs too): even a directory holding only run files is
+    refused when it is, or holds, the current or the home directory."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    _make(work, ["config.yaml", "metrics.jsonl"])
+    _make(home, ["config.yaml"])
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(home))
+    target = {".": Path("."), "cwd": work, "..": Path(".."), "home": home, "/": Path("/")}[which]
+    before = _tree(tmp_path)
+    with pytest.raises(TandemError, match="refused"):
+        rundir.prepare(target, _cfg(target), restart=True)
+    with pytest.raises(TandemError, match="refused"):
+        rundir.open_run(target, _cfg(target), restart=True)
+    assert _tree(tmp_path) == before
+
+
+def test_cli_restart_with_a_users_file_exits_2_in_one_line_and_keeps_everything(tmp_path, model_dirs, capsys):
+    from tandem_rlvr.cli import main
+
+    cfg = write_config(tmp_path, model_dirs, steps=1, save_every=0)
+    run = tmp_path / "run"
+    _make(run, ["config.yaml", "metrics.jsonl", "checkpoints/step-1/COMPLETE", "results.csv"])
+    before = _tree(run)
+    assert main(["train", str(cfg), "--restart"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "results.csv" in err and "nothing was deleted" in err
+    assert _tree(run) == before
+
+
+# -- the lock ---------------------------------------------------------------------------------------
+
+_HOLD = """
+import sys, time
+from tandem_rlvr.training import runlock
+lock = runlock.acquire(sys.argv[1])
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(run: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(runlock.__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen([sys.executable, "-c", _HOLD, str(run)], stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().strip() == "locked", "the holder process did not take the lock"
+    return p
+
+
+def _kill(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+
+
+def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_never_blocks(tmp_path):
+    run = tmp_path / "run"
+    p = _holder(run)
+    try:
+        with pytest.raises(runlock.RunLocked, match=f"pid {p.pid} on host ") as e:
+            runlock.acquire(run)
+        assert "\n" not in str(e.value) and "run.lock" in str(e.value)
+    finally:
+        _kill(p)
+    assert str(p.pid) in (run / "run.lock").read_text()  # the stale file of a SIGKILLed holder stays ...
+    with runlock.acquire(run):  # ... and does not block the next run, which writes its own name
+        assert f'"pid": {os.getpid()}' in (run / "run.lock").read_text()
+    with runlock.acquire(run):  # released: taken again
+        pass
+
+
+def test_a_second_run_on_a_held_directory_deletes_nothing_even_with_restart(tmp_path, model_dirs, capsys):
+    from tandem_rlvr.cli import main
+
+    cfg = write_config(tmp_path, model_dirs, steps=1, save_every=0)
+    run = tmp_path / "run"
+    _make(run, ["config.yaml", "metrics.jsonl", "checkpoints/step-1/COMPLETE"])
+    p = _holder(run)
+    try:
+        before = _tree(run)
+        assert main(["train", str(cfg), "--restart"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"pid {p.pid}" in err and "in use by another run" in err
+        assert _tree(run) == before
+    finally:
+        _kill(p)
+
+
+def test_the_lock_is_held_for_the_whole_run_and_released_after_it(tmp_path, model_dirs, monkeypatch):
+    """Seen from another process while the run trains: the directory is locked; after train() returns it is free."""
+    import yaml
+
+    from tandem_rlvr.training import trainer as trainer_mod
+
+    cfg_path = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"},
+                            steps=2, save_every=0)
+    cfg = load_config(str(cfg_path), [])
+    run, seen = tmp_path / "run", []
+    real_step = trainer_mod.Trainer.train_step
+
+    def step_and_probe(self, step):
+        probe = subprocess.run([sys.executable, "-c", "import sys; from tandem_rlvr.training import runlock; "
+                                "runlock.acquire(sys.argv[1])", str(run)], capture_output=True, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(Path(runlock.__file__).parents[2])))
+        seen.append(f"pid {os.getpid()}" in probe.stderr and probe.returncode != 0)
+        return real_step(self, step)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", step_and_probe)
+    trainer_mod.train(cfg)
+    assert seen == [True, True]
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["steps"] == 2
+    with runlock.acquire(run):
+        pass
+
+
+class _Rank:
+    """The accelerator of one rank of a two-process run (what _prepare_run_dir reads of it)."""
+
+    def __init__(self, rank: int):
+        self.process_index, self.num_processes, self.is_main_process = rank, 2, rank == 0
+
+
+def test_every_rank_stops_with_the_main_processs_lock_verdict(tmp_path, monkeypatch):
+    """Rank 0 takes the lock (or is refused); what it found is broadcast, so every rank raises the same line
+    and no rank but the main one touches the directory."""
+    import accelerate.utils
+
+    from tandem_rlvr.training import build
+
+    run = tmp_path / "run"
+    cfg = _cfg(run)
+    sent: list = []
+
+    def broadcast(objs, from_process=0):  # rank 0 sends first; the other rank receives what it sent
+        if not sent:
+            sent.append(list(objs))
+        else:
+            objs[:] = sent[0]
+        return objs
+
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast)
+    p = _holder(run)
+    try:
+        errors = []
+        for rank in (0, 1):
+            with pytest.raises(TandemError) as e:
+                build._prepare_run_dir(_Rank(rank), cfg, restart=False)
+            errors.append(str(e.value))
+        assert errors[0] == errors[1] and f"pid {p.pid}" in errors[0]
+    finally:
+        _kill(p)
+    sent.clear()
+    lock, resume = build._prepare_run_dir(_Rank(0), cfg, restart=False)  # free now: rank 0 holds it
+    assert isinstance(lock, runlock.RunLock) and resume is None and sent == [[None]]
+    assert build._prepare_run_dir(_Rank(1), cfg, restart=False) == (None, None)  # other ranks hold nothing
+    lock.release()
+
+
+@pytest.mark.slow
+def test_two_launched_processes_both_refuse_a_held_directory(tmp_path, model_dirs):
+    """A real two-process launch (accelerate, gloo) on a directory another process holds: both ranks exit,
+    the launcher fails, the message names the holder, and nothing in the directory changed."""
+    import shutil
+
+    from helpers.paths import TESTS
+    from helpers.processes import free_port
+
+    cfg = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=1,
+                       save_every=0)
+    run = tmp_path / "run"
+    _make(run, ["config.yaml", "metrics.jsonl"])
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+    cmd = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "tandem_rlvr", "train", str(cfg),
+           "--restart"]
+    p = _holder(run)
+    try:
+        before = _tree(run)
+        t0 = time.monotonic()
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode != 0, res.stderr[-2000:]
+        assert res.stderr.count(f"in use by another run (pid {p.pid}") == 2, res.stderr[-3000:]  # one line per rank
+        assert _tree(run) == before and time.monotonic() - t0 < 300
+    finally:
+        _kill(p)
+
+
+def test_the_demo_clears_a_killed_jobs_run_directory_under_the_same_rules(tmp_path):
+    """The parallel demo empties each job's run directory before it starts (so leftovers do not count as
+    progress): only a run's own files; a foreign one stops the demo naming it, before any job starts."""
+    from tandem_rlvr.demo.jobs import JobContext, run_parallel
+
+    out = tmp_path / "demo"
+    _make(out / "runs" / "trlvr-seed0", ["config.yaml", "metrics.jsonl", "checkpoints/step-2/COMPLETE", "mine.txt"])
+    before = _tree(out)
+    with pytest.raises(TandemError, match="mine.txt"):
+        next(run_parallel(JobContext("senior", None, plan=None, out=str(out)), [("trlvr", 0)], 1))
+    assert _tree(out) == before
+
+
+def test_a_real_runs_directory_is_all_its_own_so_restart_works(tmp_path, model_dirs):
+    """What a run really writes (checkpoints, best/ from validation, final/, TensorBoard's folder, the lock) is
+    all recognised as the run's own: --restart on it succeeds, and a preempted run's marker is its own too."""
+    import yaml
+
+    from tandem_rlvr.cli import main
+
+    pytest.importorskip("tensorboard")
+    cfg = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=2,
+                       save_every=1, trackers=["tensorboard"])
+    c = yaml.safe_load(cfg.read_text())
+    c["val"] = {"data": c["data"]["train"], "every": 1, "n": 2, "limit": 2, "select": "pass@2"}
+    cfg.write_text(yaml.safe_dump(c))
+    assert main(["train", str(cfg)]) == 0
+    run = tmp_path / "run"
+    names = {p.name for p in run.iterdir()}
+    assert {"best", "final", "checkpoints", "tandem-rlvr", "run.lock", "metrics.jsonl", "config.yaml"} <= names, names
+    (run / "preempted.json").write_text("{}")
+    assert rundir.first_foreign(run) is None
+    assert main(["train", str(cfg), "--restart"]) == 0
