@@ -140,10 +140,12 @@ def test_restart_never_deletes_the_current_home_or_root_directory(tmp_path, monk
     monkeypatch.setenv("HOME", str(home))
     target = {".": Path("."), "cwd": work, "..": Path(".."), "home": home, "/": Path("/")}[which]
     before = _tree(tmp_path)
+    cfg = _cfg(tmp_path / "elsewhere")
+    cfg.train.out_dir = str(target)  # as a caller that skipped the config's own check would pass it
     with pytest.raises(TandemError, match="refused"):
-        rundir.prepare(target, _cfg(target), restart=True)
+        rundir.prepare(target, cfg, restart=True)
     with pytest.raises(TandemError, match="refused"):
-        rundir.open_run(target, _cfg(target), restart=True)
+        rundir.open_run(target, cfg, restart=True)
     assert _tree(tmp_path) == before
 
 
