@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers.paths import TESTS
+from helpers.failures import fatal_section
 from helpers.processes import APPROX
 from helpers.run_files import write_config
 
@@ -33,7 +34,7 @@ def _launch(cfg, n_proc, mixed_precision="no"):
                "--mixed_precision", mixed_precision, "--dynamo_backend", "no", "--main_process_port", "29533",
                "-m", "tandem_rlvr", "train", str(cfg)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, fatal_section(res.stderr)
 
 
 def _run(tmp_path, model_dirs, name, n_proc, mixed_precision="no", **train):
