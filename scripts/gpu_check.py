@@ -174,7 +174,7 @@ def build_tiny_qwen3(out_dir: Path) -> Path:
     tok = build_tokenizer(corpus, vocab_size=400)
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
                       tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return _save(Qwen3ForCausalLM(cfg), tok, out_dir)
 
