@@ -98,3 +98,80 @@ def test_the_config_key_checkpoints_the_senior_only_and_leaves_the_step_unchange
     assert on["rollout/response_len"] == off["rollout/response_len"], "the same rollouts (eval mode, KV cache)"
     assert on["train/loss"] == pytest.approx(off["train/loss"], rel=1e-5, abs=1e-7)
     assert on["train/grad_norm"] == pytest.approx(off["train/grad_norm"], rel=1e-5)
+
+
+ENTRY = '''
+import json, sys
+from pathlib import Path
+import torch.distributed as dist
+from tandem_rlvr.config import load_config
+from tandem_rlvr.training.trainer import make_trainer
+cfg = load_config(sys.argv[1])
+cfg.model.gradient_checkpointing = sys.argv[2] == "1"  # set on the instance: works before config.py declares it
+tr = make_trainer(cfg)
+tr.train()
+inner = getattr(tr.senior, "module", tr.senior)
+flags = [bool(layer.gradient_checkpointing) for layer in inner.model.layers]
+rank = dist.get_rank() if dist.is_initialized() else 0
+(Path(cfg.train.out_dir).parent / f"flags{rank}.json").write_text(json.dumps(flags))
+if dist.is_initialized():
+    dist.destroy_process_group()
+'''
+
+
+def _fsdp_run(tmp_path, model_dirs, name, checkpointing):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from helpers.paths import TESTS
+    from helpers.run_files import write_config
+
+    d = tmp_path / name
+    d.mkdir()
+    cfg = write_config(d, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=2,
+                       save_every=0, fsdp="full")
+    c = yaml.safe_load(cfg.read_text())
+    c["algo"].update(loss_type="dapo", micro_batch=4)
+    c["rollout"]["batch_size"] = 4
+    cfg.write_text(yaml.safe_dump(c))
+    (d / "entry.py").write_text(ENTRY)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONFAULTHANDLER="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
+    cmd = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--main_process_port", "29547", str(d / "entry.py"), str(cfg),
+           "1" if checkpointing else "0"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return d
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_checkpointing_under_fsdp_full_gives_the_same_run(tmp_path, model_dirs):
+    """FSDP2 over two gloo processes: the recompute in the backward re-gathers each layer (FSDP2's pre-backward
+    hook); metrics and final weights equal the run without checkpointing."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from helpers.processes import APPROX
+
+    off = _fsdp_run(tmp_path, model_dirs, "off", False)
+    on = _fsdp_run(tmp_path, model_dirs, "on", True)
+    for rank in (0, 1):
+        assert not any(json.loads((off / f"flags{rank}.json").read_text()))
+        assert all(json.loads((on / f"flags{rank}.json").read_text()))
+    rows = [[json.loads(x) for x in (d / "run" / "metrics.jsonl").read_text().splitlines()] for d in (off, on)]
+    assert len(rows[0]) == len(rows[1]) == 2
+    for a, b in zip(*rows):
+        for k, v in a.items():
+            if not k.startswith(("time/", "dist/")):
+                assert b[k] == pytest.approx(v, abs=1e-3 if k in APPROX else 1e-6), k
+    wa, wb = (load_file(str(d / "run" / "final" / "model.safetensors")) for d in (off, on))
+    assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
