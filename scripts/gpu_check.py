@@ -71,8 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--engines", default="auto", help="comma-separated: hf, vllm (default auto: vllm where installed, and hf)")
     p.add_argument("--vllm-memory", type=float, default=None, help="rollout.vllm_memory (default 0.3)")
     p.add_argument("--vllm-sleep", default="weights", help="rollout.vllm_sleep of the vllm runs (default weights)")
-    p.add_argument("--budget-s", type=float, default=720.0,
-                   help="stop after this many seconds and report what was measured (default 720: a 15-minute slot)")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="stop after this many seconds and report what was measured (default 540: the whole check "
+                        "ends within ~10 minutes, a 15-minute slot with the machine's start)")
     p.add_argument("--peak-bw-tbs", type=float, default=None, help="the GPU's peak HBM bandwidth in TB/s (default: by name)")
     p.add_argument("--out", default="runs/gpu_check", help="output directory (default runs/gpu_check)")
     p.add_argument("--child", choices=("prepare", "arm"), help=argparse.SUPPRESS)
@@ -343,7 +344,7 @@ def run_child(cmd: list[str], timeout_s: float) -> str:
     try:
         rc = proc.wait(timeout=max(timeout_s, 1.0))
     except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
             try:
                 os.killpg(proc.pid, sig)
                 proc.wait(timeout=wait)
@@ -410,7 +411,7 @@ def orchestrate(args, argv: list[str]) -> int:
         print(f"-- {spec}: {args.steps} steps of {args.prompts} prompts x {args.group_size} rollouts, "
               f"{args.max_new_tokens} new tokens, {left:.0f} s of the budget left", flush=True)
         statuses[spec] = run_child(child_cmd(argv, ["--child", "arm", "--arm-spec", spec, "--deadline", str(deadline)]),
-                                   left + 30)
+                                   left + 15)
     summary = report(out, specs, statuses, notes)
     write_json(out / "gpu_check.json", summary)
     print(f"wrote {out / 'gpu_check.json'} and one arm_<engine>_<arm>.json per arm")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU throughput check: TRLVR and GRPO steps, each arm (engine x arm) in its own process, within a time
-# budget (--budget-s, default 720 s); prints tokens/s, step time, the TRLVR / GRPO ratios and achieved / peak
+# budget (--budget-s, default 540 s); prints tokens/s, step time, the TRLVR / GRPO ratios and achieved / peak
 # bandwidth, and leaves OUT/arm_<engine>_<arm>.json per arm and OUT/gpu_check.json (OUT: runs/gpu_check).
 #
 #   scripts/gpu_check.sh /path/to/Qwen3-0.6B [--steps 3 --prompts 8 --max-new-tokens 512 ...]
