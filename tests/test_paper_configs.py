@@ -51,6 +51,10 @@ def test_paper_training_config_holds_the_method_values(name):
     assert (d.train, d.train_split, d.reward) == ("deepscaler", "train", "math")
     assert (cfg.val.data, cfg.val.split) == ("deepscaler", "val") and cfg.val.every > 0
     assert (cfg.val.n, cfg.val.select) == (4, "pass@4"), "the authors kept the step of the best held-out pass@4"
+    # the authors' validation decoding (issue 36: their verl val_kwargs), not the evaluation's 0.7 / 0.8 / 20 of METHOD.md
+    assert (cfg.val.temperature, cfg.val.top_p, cfg.val.top_k) == (0.6, 0.95, 0), "validated at T 0.6, top-p 0.95, no top-k"
+    # a 4B update's activations without recompute (~18 GB a 4,024-token rollout) leave no headroom (docs/scale-out.md)
+    assert m.gradient_checkpointing is True, "the senior recomputes its layers in the backward"
     assert t.out_dir == f"runs/paper/{name}"
     # The authors' bests came at TRLVR step 120 and GRPO step 200 (METHOD.md section 3), GRPO's at the last step
     # they reported; their runs were nominally two epochs of DeepScaleR (~40k problems / 16 prompts a step,
