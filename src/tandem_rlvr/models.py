@@ -112,6 +112,55 @@ def freeze(model):
     return model
 
 
+def enable_gradient_checkpointing(model):
+    """Recompute each decoder layer's activations in the backward instead of keeping them (transformers'
+    ``gradient_checkpointing_enable`` with non-reentrant ``torch.utils.checkpoint``). Returns ``model``.
+
+    For the trained senior only (``model.gradient_checkpointing``): it costs one more forward of every layer
+    per backward and keeps one layer's input instead of all of its activations (docs/scale-out.md). It acts in
+    ``train()`` mode only, so the rollouts and validation (``eval()``, with a KV cache) are unchanged; the
+    update's forwards pass ``use_cache=False``, and the model's ``config.use_cache`` (saved with its
+    checkpoints) is left alone. Non-reentrant checkpointing gives gradients to a LoRA adapter whose inputs come
+    from frozen embeddings, and composes with FSDP2 (its pre-backward hook re-gathers a layer for the
+    recompute). A peft model is enabled on its base model, in place.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ModelLoadError(f"{type(base).__name__} does not support gradient checkpointing; "
+                             "set model.gradient_checkpointing: false")
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for module in base.modules():  # the recompute runs in the backward, outside the forward's attention switch
+        func = getattr(module, "_gradient_checkpointing_func", None)
+        if getattr(module, "gradient_checkpointing", False) and func is not None:
+            module._gradient_checkpointing_func = _replay_attention(func, base.config)
+    return model
+
+
+def _replay_attention(checkpoint_func, config):
+    """``checkpoint_func`` whose recompute uses the attention implementation its forward used.
+
+    The training forwards switch ``config._attn_implementation`` for their own block
+    (:func:`~tandem_rlvr.engines.fastpath.gqa_attention`, CPU); the recompute runs later, in the backward, and
+    would otherwise take transformers' path, which saves differently shaped tensors (a CheckpointError)."""
+
+    def run(function, *args, **kwargs):
+        impl = config._attn_implementation
+
+        def replay(*a, **kw):
+            now = config._attn_implementation
+            if now == impl:
+                return function(*a, **kw)
+            config._attn_implementation = impl
+            try:
+                return function(*a, **kw)
+            finally:
+                config._attn_implementation = now
+
+        return checkpoint_func(replay, *args, **kwargs)
+
+    return run
+
+
 def check_tokenizers(senior_tok, junior_tok, senior_name: str, junior_name: str) -> None:
     """Senior and junior must map every token string to the same id; else raise naming both."""
     vs, vj = senior_tok.get_vocab(), junior_tok.get_vocab()

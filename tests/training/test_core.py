@@ -135,6 +135,21 @@ def test_k3_by_hand():
     assert (k3_kl(torch.randn(4, 5), torch.randn(4, 5)) >= 0).all()
 
 
+def test_k3_is_clamped_to_10_as_verl_low_var_kl():
+    """verl/trainer/ppo/core_algos.py kl_penalty("low_var_kl"): q - p clamped to [-20, 20], k3 to [-10, 10]."""
+    p = torch.zeros(1, 4, requires_grad=True)
+    q = torch.tensor([[2.0, 3.0, -12.0, 200.0]])
+    kl = k3_kl(p, q)
+    # q - p = 2:   e^2 - 2 - 1 = 7.389056 - 3 = 4.389056 (below 10: unclamped)
+    # q - p = 3:   e^3 - 3 - 1 = 20.085537 - 4 = 16.085537 -> 10
+    # q - p = -12: e^-12 + 12 - 1 = 11.000006 -> 10
+    # q - p = 200: clamped to 20 first (e^200 overflows float32), e^20 - 21 -> 10
+    torch.testing.assert_close(kl, torch.tensor([[math.exp(2) - 3, 10.0, 10.0, 10.0]]), rtol=1e-6, atol=1e-6)
+    kl.sum().backward()
+    # d/dp k3 = 1 - e^(q - p) where unclamped (1 - e^2 = -6.389056), 0 where the clamp holds, never NaN
+    torch.testing.assert_close(p.grad, torch.tensor([[1 - math.exp(2), 0.0, 0.0, 0.0]]), rtol=1e-6, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # aggregate
 # ---------------------------------------------------------------------------------------------------------------

@@ -147,7 +147,11 @@ def _prepare_run_dir(acc, cfg: Config, restart: bool):
 
 def _senior_and_optimizer(cfg: Config, acc, pair):
     """The senior as trained (FSDP-sharded before the optimizer sees it, else DDP-prepared with it), AdamW
-    and the linear warm-up schedule."""
+    and the linear warm-up schedule. ``model.gradient_checkpointing`` (the senior only, before it is sharded)."""
+    if getattr(cfg.model, "gradient_checkpointing", False):
+        from tandem_rlvr.models import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(pair.senior)
     if cfg.train.fsdp != "off":  # FSDP2 by hand (see tandem_rlvr.training.fsdp); the optimizer then sees the shards
         pair.senior = fsdp.shard(pair.senior.to(acc.device), cfg.train.fsdp, mixed_precision=str(acc.mixed_precision))
     params = [p for p in pair.senior.parameters() if p.requires_grad]

@@ -15,7 +15,8 @@ Conventions matched to TRL 1.16 ``GRPOTrainer`` (checked by ``tests/test_trl_par
 * ``dapo`` divides the masked token sum by a caller-given (global) token count; TRL's normaliser is
   ``num_items_in_batch / num_processes * grad_accum / steps_per_generation``, pass that as ``num_tokens``;
 * ``dr_grpo`` divides by ``B * max_len`` (TRL: ``max_completion_length``);
-* the KL term is k3 with ``q - p = ref - policy``, added per token *after* clipping, before aggregation;
+* the KL term is k3 with ``q - p = ref - policy``, added per token *after* clipping, before aggregation,
+  clamped to at most 10 per token as verl's ``low_var_kl`` (TRL does not clamp; the two agree below 10);
   TRL's default ``use_bias_correction_kl=True`` (KL times the ratio) is available as ``kl_is_correction``;
 * ``clip_frac`` counts TRL's "region" clipping: ``(ratio < 1-eps and A < 0) or (ratio > 1+eps_high and A > 0)``.
 """
@@ -106,14 +107,21 @@ def group_advantages(
     return adv_GN.reshape(-1), metrics
 
 
-def k3_kl(logps_BT: Tensor, ref_logps_BT: Tensor) -> Tensor:
-    """Per-token k3 estimator of KL(policy || ref): ``exp(q - p) - (q - p) - 1`` (p policy, q reference).
+K3_LOG_RATIO_CLAMP = 20.0  # verl's kl_penalty("low_var_kl"): q - p clamped to +-20 before exp ...
+K3_CLAMP = 10.0  # ... and the k3 value to +-10 (verl/trainer/ppo/core_algos.py)
 
-    Non-negative, zero iff ``p == q``; its gradient w.r.t. ``p`` is ``1 - exp(q - p)``.
+
+def k3_kl(logps_BT: Tensor, ref_logps_BT: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(policy || ref): ``exp(q - p) - (q - p) - 1`` (p policy, q reference),
+    clamped as verl's ``low_var_kl`` clamps it: ``q - p`` to [-20, 20] (no ``exp`` overflow, so no
+    ``0 * inf`` NaN in the backward) and the value to [-10, 10].
+
+    Non-negative, zero iff ``p == q``; its gradient w.r.t. ``p`` is ``1 - exp(q - p)`` where the value is
+    below 10, and 0 where the clamp holds it (a token whose log-ratio passes ~ +2.53 or ~ -11).
     """
     _check_same_shape(ref_logps_BT, logps_BT, "ref_logps_BT")
-    diff = ref_logps_BT - logps_BT
-    return torch.exp(diff) - diff - 1.0
+    diff = torch.clamp(ref_logps_BT - logps_BT, min=-K3_LOG_RATIO_CLAMP, max=K3_LOG_RATIO_CLAMP)
+    return torch.clamp(torch.exp(diff) - diff - 1.0, min=-K3_CLAMP, max=K3_CLAMP)
 
 
 def aggregate(
