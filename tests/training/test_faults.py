@@ -399,3 +399,66 @@ def test_a_process_that_exits_after_a_stop_ignores_late_signals(monkeypatch):
         now = signal.getsignal(signal.SIGTERM)
         assert (now is preempt._late_signal) == expect_late, (exits, stopped)
         signal.signal(signal.SIGTERM, before)
+
+
+# -- every stop ends with its code, whatever threads are still blocked --------------------------------
+
+STOP_ENTRY = TESTS / "helpers" / "stop_entry.py"
+
+
+@pytest.mark.parametrize("mode", ["hang", "late"])
+def test_an_engine_call_left_hung_still_exits_2_with_the_checkpoint_intact(tmp_path, model_dirs, mode):
+    """The third rollout times out (EngineFault). ``hang``: the call stays blocked in a non-daemon pool thread, which
+    a normal interpreter exit would wait for forever; ``late``: it returns inside C++ code while the interpreter
+    finalizes, which aborts a normal exit ("terminate called without an active exception", 134). Either way the
+    process ends with 2 and the message, the engine closed before the process group, the last checkpoint intact."""
+    cfg = _cfg(tmp_path, model_dirs, steps=4, save_every=1)
+    order = tmp_path / "order.txt"
+    res = subprocess.run([sys.executable, str(STOP_ENTRY), "train", str(cfg), "rollout.vllm_timeout_s=1"],
+                         env=_env(TANDEM_TEST_ENGINE=mode, TANDEM_TEST_AT="3", TANDEM_TEST_ORDER=str(order)),
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "error: the vLLM engine did not finish the rollout (call 3) within 1 s (rollout.vllm_timeout_s)" in res.stderr
+    assert order.read_text().split() == ["engine.close", "close_process_group"]
+    run = tmp_path / "run"
+    assert [d.name for d in checkpoint.complete_checkpoints(run)] == ["step-1", "step-2"]
+    assert integrity.damage(run / "checkpoints" / "step-2") is None and _n_rows(run) == 2
+
+
+class _Recorder:
+    """Stand-ins for the closing steps of a run: each appends its name."""
+
+    def __init__(self, monkeypatch, fault=None):
+        from tandem_rlvr.engines.inprocess import InProcessEngine
+        from tandem_rlvr.training import dist
+
+        self.calls = []
+        real_close, real_group, real_sync = InProcessEngine.close, dist.close_process_group, InProcessEngine.sync_senior
+        monkeypatch.setattr(InProcessEngine, "close", lambda eng: (self.calls.append("engine.close"), real_close(eng)))
+        monkeypatch.setattr(dist, "close_process_group", lambda: (self.calls.append("close_process_group"), real_group()))
+        pushes = []
+
+        def sync(eng, model):  # the push after step 2's update raises
+            pushes.append(1)
+            if fault is not None and len(pushes) == 2:
+                raise fault
+            real_sync(eng, model)
+
+        monkeypatch.setattr(InProcessEngine, "sync_senior", sync)
+
+
+@pytest.mark.parametrize("fault", [None, "tandem", "unexpected"])
+def test_the_engine_is_closed_before_the_process_group_on_every_exit(tmp_path, model_dirs, monkeypatch, fault):
+    """A finished run, a TandemError stop (exit 2) and an unexpected exception (raised in-process) each close the
+    rollout engine, then the process group, once."""
+    from tandem_rlvr.errors import TandemError
+
+    exc = {None: None, "tandem": TandemError("the engine went away"), "unexpected": KeyError("boom")}[fault]
+    rec = _Recorder(monkeypatch, exc)
+    argv = ["train", str(_cfg(tmp_path, model_dirs, steps=2))]
+    if fault == "unexpected":
+        with pytest.raises(KeyError, match="boom"):
+            main(argv)
+    else:
+        assert main(argv) == (0 if fault is None else 2)
+    assert rec.calls == ["engine.close", "close_process_group"]
