@@ -416,7 +416,7 @@ def test_an_engine_call_left_hung_still_exits_2_with_the_checkpoint_intact(tmp_p
     order = tmp_path / "order.txt"
     res = subprocess.run([sys.executable, str(STOP_ENTRY), "train", str(cfg), "rollout.vllm_timeout_s=1"],
                          env=_env(TANDEM_TEST_ENGINE=mode, TANDEM_TEST_AT="3", TANDEM_TEST_ORDER=str(order)),
-                         capture_output=True, text=True, timeout=240)
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr[-3000:]
     assert "error: the vLLM engine did not finish the rollout (call 3) within 1 s (rollout.vllm_timeout_s)" in res.stderr
     assert order.read_text().split() == ["engine.close", "close_process_group"]

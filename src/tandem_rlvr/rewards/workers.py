@@ -86,7 +86,7 @@ def _run_job(gold: str, pred: str, soft_limit: float) -> tuple[str, float]:
 
 
 MEMORY_EXIT = 86  # a worker's exit code when its memory passed the cap (it exits; the parent replaces it)
-MEMORY_POLL_S = 0.005
+MEMORY_POLL_S = 0.01
 
 
 def _rss_bytes(fd: int) -> int:
