@@ -12,7 +12,8 @@ The run's engine (``rollout.engine=hf``) is wrapped in :class:`StandIn`: every r
 - ``late``: it waits inside C++ code with the GIL released (a ``TCPStore`` wait) until the interpreter
   finalizes, then returns: a call that outlives its timeout and ends during the shutdown.
 
-``TANDEM_TEST_ORDER=FILE``: the engine's ``close`` and ``close_process_group`` append their names to it.
+``TANDEM_TEST_ORDER=FILE``: the engine's ``close`` and ``close_process_group`` append their names to it
+(``FILE.rankR`` when ``RANK`` is set).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ _KEEP: list = []  # module state of __main__: cleared (its objects finalized) wh
 def record(what: str) -> None:
     path = os.environ.get("TANDEM_TEST_ORDER")
     if path:
-        with open(path, "a") as f:
+        with open(path + (f".rank{os.environ['RANK']}" if "RANK" in os.environ else ""), "a") as f:
             f.write(what + "\n")
 
 

@@ -278,14 +278,14 @@ def test_disk_full_on_a_real_small_tmpfs(tmp_path, model_dirs, capsys):
 
 # -- multi-process: preemption of one rank, a vanished rank --------------------------------------
 
-def _ranks(cfg: Path, logs: Path, *extra, tag: str = "") -> list:
+def _ranks(cfg: Path, logs: Path, *extra, tag: str = "", entry=("-m", "tandem_rlvr"), **env_extra) -> list:
     """Two gloo processes started directly (as srun would), rank 0 hosting the rendezvous store."""
     port, procs = _free_port(), []
     for r in range(2):
         env = _env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
+                   MASTER_PORT=str(port), **env_extra)
         err = open(logs / f"rank{r}{tag}.err", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "tandem_rlvr", "train", str(cfg), *extra], env=env,
+        procs.append(subprocess.Popen([sys.executable, *entry, "train", str(cfg), *extra], env=env,
                                       stdout=subprocess.DEVNULL, stderr=err))
     return procs
 
@@ -423,6 +423,24 @@ def test_an_engine_call_left_hung_still_exits_2_with_the_checkpoint_intact(tmp_p
     run = tmp_path / "run"
     assert [d.name for d in checkpoint.complete_checkpoints(run)] == ["step-1", "step-2"]
     assert integrity.damage(run / "checkpoints" / "step-2") is None and _n_rows(run) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_two_processes_with_a_late_engine_call_both_exit_2(tmp_path, model_dirs):
+    """Both ranks' third rollout times out and returns during finalization: each closes its engine, then the process
+    group (an error exit, not only success or preemption), and exits 2 without an abort or a traceback."""
+    cfg = _two_proc_cfg(tmp_path, model_dirs, steps=4, save_every=1)
+    procs = _ranks(cfg, tmp_path, "rollout.vllm_timeout_s=1", entry=(str(STOP_ENTRY),), TANDEM_TEST_ENGINE="late",
+                   TANDEM_TEST_AT="3", TANDEM_TEST_ORDER=str(tmp_path / "order.txt"))
+    codes = [p.wait(timeout=300) for p in procs]
+    errs = [(tmp_path / f"rank{r}.err").read_text() for r in range(2)]
+    assert codes == [2, 2], errs[0][-2000:] + errs[1][-2000:]
+    for err in errs:
+        assert "within 1 s (rollout.vllm_timeout_s)" in err and "Traceback" not in err and "terminate" not in err
+    for r in range(2):
+        assert (tmp_path / f"order.txt.rank{r}").read_text().split() == ["engine.close", "close_process_group"]
+    assert integrity.damage(checkpoint.newest_intact_checkpoint(tmp_path / "run")) is None
 
 
 class _Recorder:
