@@ -425,6 +425,21 @@ def test_an_engine_call_left_hung_still_exits_2_with_the_checkpoint_intact(tmp_p
     assert integrity.damage(run / "checkpoints" / "step-2") is None and _n_rows(run) == 2
 
 
+def test_the_watchdog_closes_the_engine_then_the_process_group_and_exits_124(tmp_path, model_dirs):
+    """A rollout hung past train.watchdog_s (under a longer rollout.vllm_timeout_s): the watchdog's thread closes the
+    engine, then the process group, and exits 124 although the main thread is still blocked in the engine call."""
+    cfg = _cfg(tmp_path, model_dirs, steps=4, save_every=1)
+    order = tmp_path / "order.txt"
+    res = subprocess.run([sys.executable, str(STOP_ENTRY), "train", str(cfg), "rollout.vllm_timeout_s=600",
+                          "train.watchdog_s=2"], env=_env(TANDEM_TEST_ENGINE="hang", TANDEM_TEST_AT="2",
+                                                          TANDEM_TEST_ORDER=str(order)),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 124, res.stderr[-3000:]
+    assert "in the rollout of step 2 (train.watchdog_s=2)" in res.stderr
+    assert order.read_text().split() == ["engine.close", "close_process_group"]
+    assert [d.name for d in checkpoint.complete_checkpoints(tmp_path / "run")] == ["step-1"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 def test_two_processes_with_a_late_engine_call_both_exit_2(tmp_path, model_dirs):
