@@ -495,3 +495,25 @@ def test_the_engine_is_closed_before_the_process_group_on_every_exit(tmp_path, m
     else:
         assert main(argv) == (0 if fault is None else 2)
     assert rec.calls == ["engine.close", "close_process_group"]
+
+
+def test_a_closing_step_that_hangs_ends_the_process_with_the_decided_code(monkeypatch, capfd):
+    """An engine whose close never returns: after the bound, the process ends with the code already decided (the
+    hard exit is a stand-in here, which returns: the closing then goes on), naming the step."""
+    from types import SimpleNamespace
+
+    from tandem_rlvr.training import dist, watchdog
+
+    release, exits, groups = threading.Event(), [], []
+    monkeypatch.setattr(watchdog, "hard_exit", lambda code: (exits.append(code), release.set()))
+    monkeypatch.setattr(dist, "close_process_group", lambda: groups.append(1))
+    end = watchdog.RunEnd()
+    end.trainer = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(trackers=[])),
+                                  acc=SimpleNamespace(is_main_process=True),
+                                  engine=SimpleNamespace(close=lambda: release.wait(60)))
+    closing = threading.Thread(target=end.close, args=(2,), kwargs={"wait_s": 0.2}, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert exits == [2] and not closing.is_alive()
+    assert "closing the rollout engine did not finish within 0.2 s; ending the process with exit code 2" in capfd.readouterr().err
+    assert end.closed == ["the rollout engine", "the process group"] and groups == [1]  # the stand-in exit returned
