@@ -42,7 +42,7 @@ def test_workers_ignore_modules_in_the_current_directory(tmp_path, monkeypatch, 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="the resident-memory cap reads /proc")
 def test_a_check_over_the_memory_cap_is_an_error_and_its_worker_is_replaced():
-    """2^(2^26) needs tens of MB more than an idle worker: with the cap just above the idle worker's resident
+    """2^(2^27) needs about a hundred MB more than an idle worker: with the cap just above the idle worker's resident
     memory the check is counted as an error (not a silent 0), the worker is replaced, and the next check runs."""
     with RewardScorer("math", num_workers=1, memory_limit_mb=None) as probe:
         probe.start()
@@ -50,7 +50,7 @@ def test_a_check_over_the_memory_cap_is_an_error_and_its_worker_is_replaced():
         rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     cap_mb = math.ceil(rss / 2**20) + 16
     with RewardScorer("math", num_workers=1, time_limit=60, memory_limit_mb=cap_mb) as scorer:
-        rewards, stats = scorer.score(["\\boxed{2^{2^{26}}}", "\\boxed{2}"], ["1", "2"])
+        rewards, stats = scorer.score(["\\boxed{2^{2^{27}}}", "\\boxed{2}"], ["1", "2"])
         assert rewards == [0.0, 1.0] and stats["reward/errors"] == 1 and stats["reward/worker_restarts"] == 1, stats
         rewards, stats = scorer.score(["\\boxed{4}"], ["4"])
     assert rewards == [1.0] and stats["reward/errors"] == 0, stats
