@@ -6,22 +6,18 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 
 
 def _train(args: argparse.Namespace) -> int:
     from tandem_rlvr.config import load_config
-    from tandem_rlvr.training.trainer import train
-
-    from tandem_rlvr.errors import Preempted
-    from tandem_rlvr.training.dist import close_process_group
+    from tandem_rlvr.training.trainer import make_trainer
 
     cfg = load_config(args.config, args.overrides)
-    try:
-        final = train(cfg, restart=args.restart)
-    except Preempted:
-        close_process_group()  # every process passed the stop's barrier
-        raise
-    close_process_group()
+    end = args.run_end  # main() closes the engine and the process group after any stop (RunEnd.close)
+    end.trainer = make_trainer(cfg, restart=args.restart)
+    final = end.trainer.train()
+    end.finished = True
     print(f"done: senior saved to {final}")
     return 0
 
@@ -86,32 +82,60 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; user errors print one clear line and exit 2 (``TANDEM_DEBUG=1`` shows tracebacks)."""
+    """Entry point; user errors print one clear line and exit 2 (``TANDEM_DEBUG=1`` shows tracebacks).
+
+    ``train`` ends every stop with its code (docs/faults.md): whatever stopped the run, the engine and then
+    the process group are closed; a process of its own (``argv`` None) then exits with the code even where
+    threads are still blocked (:class:`tandem_rlvr.training.watchdog.RunEnd`)."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse already printed usage and the error (or --help)
         return e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    own_process = argv is None and args.command == "train"
+    if args.command != "train":
+        return _run(args, own_process)
+    from tandem_rlvr.training import preempt
+    from tandem_rlvr.training.watchdog import RunEnd
+
+    if own_process:  # it exits after a preemption stop
+        preempt.EXIT_AFTER_STOP = True
+    end = args.run_end = RunEnd()
+    code = 1  # an exception that escapes (called in-process) closes the run too
+    try:
+        code = _run(args, own_process)
+    finally:
+        end.close(code)
+    return end.exit(code) if own_process else code
+
+
+def _run(args: argparse.Namespace, own_process: bool) -> int:
+    """The command's exit code; an unexpected exception is a traceback and code 1 in a process of its own
+    (after which the run is still closed), raised otherwise."""
     from tandem_rlvr.errors import Preempted, user_errors
 
-    if argv is None and args.command == "train":  # a process of its own: it exits after a preemption stop
-        from tandem_rlvr.training import preempt
-
-        preempt.EXIT_AFTER_STOP = True
     try:
         return int(args.func(args) or 0)
     except Preempted as e:
         print(f"tandem-rlvr {args.command}: {e}", file=sys.stderr)
         return e.exit_code
     except user_errors() as e:
-        if os.environ.get("TANDEM_DEBUG"):
+        if os.environ.get("TANDEM_DEBUG") and not own_process:
             raise
+        if os.environ.get("TANDEM_DEBUG"):
+            traceback.print_exc()
+            return 1
         msg = " ".join(str(e).split()) or type(e).__name__  # one line, whatever the message
         print(f"tandem-rlvr {args.command}: error: {msg}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
         return 130
+    except Exception:
+        if not own_process:
+            raise
+        traceback.print_exc()
+        return 1
 
 
 if __name__ == "__main__":

@@ -278,14 +278,14 @@ def test_disk_full_on_a_real_small_tmpfs(tmp_path, model_dirs, capsys):
 
 # -- multi-process: preemption of one rank, a vanished rank --------------------------------------
 
-def _ranks(cfg: Path, logs: Path, *extra, tag: str = "") -> list:
+def _ranks(cfg: Path, logs: Path, *extra, tag: str = "", entry=("-m", "tandem_rlvr"), **env_extra) -> list:
     """Two gloo processes started directly (as srun would), rank 0 hosting the rendezvous store."""
     port, procs = _free_port(), []
     for r in range(2):
         env = _env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
+                   MASTER_PORT=str(port), **env_extra)
         err = open(logs / f"rank{r}{tag}.err", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "tandem_rlvr", "train", str(cfg), *extra], env=env,
+        procs.append(subprocess.Popen([sys.executable, *entry, "train", str(cfg), *extra], env=env,
                                       stdout=subprocess.DEVNULL, stderr=err))
     return procs
 
@@ -399,3 +399,121 @@ def test_a_process_that_exits_after_a_stop_ignores_late_signals(monkeypatch):
         now = signal.getsignal(signal.SIGTERM)
         assert (now is preempt._late_signal) == expect_late, (exits, stopped)
         signal.signal(signal.SIGTERM, before)
+
+
+# -- every stop ends with its code, whatever threads are still blocked --------------------------------
+
+STOP_ENTRY = TESTS / "helpers" / "stop_entry.py"
+
+
+@pytest.mark.parametrize("mode", ["hang", "late"])
+def test_an_engine_call_left_hung_still_exits_2_with_the_checkpoint_intact(tmp_path, model_dirs, mode):
+    """The third rollout times out (EngineFault). ``hang``: the call stays blocked in a non-daemon pool thread, which
+    a normal interpreter exit would wait for forever; ``late``: it returns inside C++ code while the interpreter
+    finalizes, which aborts a normal exit ("terminate called without an active exception", 134). Either way the
+    process ends with 2 and the message, the engine closed before the process group, the last checkpoint intact."""
+    cfg = _cfg(tmp_path, model_dirs, steps=4, save_every=1)
+    order = tmp_path / "order.txt"
+    res = subprocess.run([sys.executable, str(STOP_ENTRY), "train", str(cfg), "rollout.vllm_timeout_s=1"],
+                         env=_env(TANDEM_TEST_ENGINE=mode, TANDEM_TEST_AT="3", TANDEM_TEST_ORDER=str(order)),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "error: the vLLM engine did not finish the rollout (call 3) within 1 s (rollout.vllm_timeout_s)" in res.stderr
+    assert order.read_text().split() == ["engine.close", "close_process_group"]
+    run = tmp_path / "run"
+    assert [d.name for d in checkpoint.complete_checkpoints(run)] == ["step-1", "step-2"]
+    assert integrity.damage(run / "checkpoints" / "step-2") is None and _n_rows(run) == 2
+
+
+def test_the_watchdog_closes_the_engine_then_the_process_group_and_exits_124(tmp_path, model_dirs):
+    """A rollout hung past train.watchdog_s (under a longer rollout.vllm_timeout_s): the watchdog's thread closes the
+    engine, then the process group, and exits 124 although the main thread is still blocked in the engine call."""
+    cfg = _cfg(tmp_path, model_dirs, steps=4, save_every=1)
+    order = tmp_path / "order.txt"
+    res = subprocess.run([sys.executable, str(STOP_ENTRY), "train", str(cfg), "rollout.vllm_timeout_s=600",
+                          "train.watchdog_s=2"], env=_env(TANDEM_TEST_ENGINE="hang", TANDEM_TEST_AT="2",
+                                                          TANDEM_TEST_ORDER=str(order)),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 124, res.stderr[-3000:]
+    assert "in the rollout of step 2 (train.watchdog_s=2)" in res.stderr
+    assert order.read_text().split() == ["engine.close", "close_process_group"]
+    assert [d.name for d in checkpoint.complete_checkpoints(tmp_path / "run")] == ["step-1"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_two_processes_with_a_late_engine_call_both_exit_2(tmp_path, model_dirs):
+    """Both ranks' third rollout times out and returns during finalization: each closes its engine, then the process
+    group (an error exit, not only success or preemption), and exits 2 without an abort or a traceback."""
+    cfg = _two_proc_cfg(tmp_path, model_dirs, steps=4, save_every=1)
+    procs = _ranks(cfg, tmp_path, "rollout.vllm_timeout_s=1", entry=(str(STOP_ENTRY),), TANDEM_TEST_ENGINE="late",
+                   TANDEM_TEST_AT="3", TANDEM_TEST_ORDER=str(tmp_path / "order.txt"))
+    codes = [p.wait(timeout=300) for p in procs]
+    errs = [(tmp_path / f"rank{r}.err").read_text() for r in range(2)]
+    assert codes == [2, 2], errs[0][-2000:] + errs[1][-2000:]
+    for err in errs:
+        assert "within 1 s (rollout.vllm_timeout_s)" in err and "Traceback" not in err and "terminate" not in err
+    for r in range(2):
+        assert (tmp_path / f"order.txt.rank{r}").read_text().split() == ["engine.close", "close_process_group"]
+    assert integrity.damage(checkpoint.newest_intact_checkpoint(tmp_path / "run")) is None
+
+
+class _Recorder:
+    """Stand-ins for the closing steps of a run: each appends its name."""
+
+    def __init__(self, monkeypatch, fault=None):
+        from tandem_rlvr.engines.inprocess import InProcessEngine
+        from tandem_rlvr.training import dist
+
+        self.calls = []
+        real_close, real_group, real_sync = InProcessEngine.close, dist.close_process_group, InProcessEngine.sync_senior
+        monkeypatch.setattr(InProcessEngine, "close", lambda eng: (self.calls.append("engine.close"), real_close(eng)))
+        monkeypatch.setattr(dist, "close_process_group", lambda: (self.calls.append("close_process_group"), real_group()))
+        pushes = []
+
+        def sync(eng, model):  # the push after step 2's update raises
+            pushes.append(1)
+            if fault is not None and len(pushes) == 2:
+                raise fault
+            real_sync(eng, model)
+
+        monkeypatch.setattr(InProcessEngine, "sync_senior", sync)
+
+
+@pytest.mark.parametrize("fault", [None, "tandem", "unexpected"])
+def test_the_engine_is_closed_before_the_process_group_on_every_exit(tmp_path, model_dirs, monkeypatch, fault):
+    """A finished run, a TandemError stop (exit 2) and an unexpected exception (raised in-process) each close the
+    rollout engine, then the process group, once."""
+    from tandem_rlvr.errors import TandemError
+
+    exc = {None: None, "tandem": TandemError("the engine went away"), "unexpected": KeyError("boom")}[fault]
+    rec = _Recorder(monkeypatch, exc)
+    argv = ["train", str(_cfg(tmp_path, model_dirs, steps=2))]
+    if fault == "unexpected":
+        with pytest.raises(KeyError, match="boom"):
+            main(argv)
+    else:
+        assert main(argv) == (0 if fault is None else 2)
+    assert rec.calls == ["engine.close", "close_process_group"]
+
+
+def test_a_closing_step_that_hangs_ends_the_process_with_the_decided_code(monkeypatch, capfd):
+    """An engine whose close never returns: after the bound, the process ends with the code already decided (the
+    hard exit is a stand-in here, which returns: the closing then goes on), naming the step."""
+    from types import SimpleNamespace
+
+    from tandem_rlvr.training import dist, watchdog
+
+    release, exits, groups = threading.Event(), [], []
+    monkeypatch.setattr(watchdog, "hard_exit", lambda code: (exits.append(code), release.set()))
+    monkeypatch.setattr(dist, "close_process_group", lambda: groups.append(1))
+    end = watchdog.RunEnd()
+    end.trainer = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(trackers=[])),
+                                  acc=SimpleNamespace(is_main_process=True),
+                                  engine=SimpleNamespace(close=lambda: release.wait(60)))
+    closing = threading.Thread(target=end.close, args=(2,), kwargs={"wait_s": 0.2}, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert exits == [2] and not closing.is_alive()
+    assert "closing the rollout engine did not finish within 0.2 s; ending the process with exit code 2" in capfd.readouterr().err
+    assert end.closed == ["the rollout engine", "the process group"] and groups == [1]  # the stand-in exit returned

@@ -2,10 +2,15 @@
 
 Worker side: a loop that answers ``(job_id, gold, pred, soft_limit)`` with math-verify, its own
 timeouts off, stopped by an interval timer after the soft limit (a ``BaseException`` so that
-math-verify's handlers do not swallow it) and by an address-space cap. Parent side: :class:`Worker`,
-one killable process (a fresh interpreter by default, which imports only this module) with its
-connection, and the bounded-time reaping used at shutdown. The scheduling and the hard limit live
-in the scorer.
+math-verify's handlers do not swallow it) and by a memory cap: a thread ends the worker (exit code
+:data:`MEMORY_EXIT`) once its resident memory passes the cap, so the check counts as an error and the
+parent starts a new worker; an address space of twice the cap is a hard limit behind it (math-verify
+swallows the ``MemoryError`` of a failed allocation, so that alone would score 0 unnoticed).
+Parent side: :class:`Worker`, one killable process (a fresh interpreter by default, which imports only
+this module, started without the current directory on its ``sys.path``) with its connection, the
+bounded-time reaping used at shutdown, and :func:`kill_all`, which ends every live worker of this
+process (a hard exit: the watchdog's, or a stop with threads still blocked). The scheduling and the
+hard limit live in the scorer.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing import connection as mp_connection
 from pathlib import Path
@@ -79,17 +85,44 @@ def _run_job(gold: str, pred: str, soft_limit: float) -> tuple[str, float]:
         return "error", 0.0
 
 
+MEMORY_EXIT = 86  # a worker's exit code when its memory passed the cap (it exits; the parent replaces it)
+MEMORY_POLL_S = 0.01
+
+
+def _rss_bytes(fd: int) -> int:
+    return int(os.pread(fd, 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _guard_memory(cap: int) -> None:
+    """Exit the worker (:data:`MEMORY_EXIT`) once its resident memory passes ``cap`` bytes (Linux)."""
+    try:
+        fd = os.open("/proc/self/statm", os.O_RDONLY)
+        _rss_bytes(fd)
+    except (OSError, ValueError, IndexError):
+        return  # no /proc: the address-space limit alone
+    while True:
+        if _rss_bytes(fd) > cap:
+            os._exit(MEMORY_EXIT)
+        time.sleep(MEMORY_POLL_S)
+
+
+def _cap_memory(memory_limit_mb: int | None) -> None:
+    if not memory_limit_mb:
+        return
+    cap = int(memory_limit_mb) * 1024 * 1024
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (2 * cap, 2 * cap))
+    except (ImportError, ValueError, OSError):
+        pass
+    threading.Thread(target=_guard_memory, args=(cap,), name="memory-cap", daemon=True).start()
+
+
 def _worker_setup(memory_limit_mb: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     signal.signal(signal.SIGALRM, _on_alarm)
-    if memory_limit_mb:
-        try:
-            import resource
-
-            cap = int(memory_limit_mb) * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-        except (ImportError, ValueError, OSError):
-            pass
+    _cap_memory(memory_limit_mb)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notices
     _verify_pair("1", "1")  # import math-verify and its LaTeX parser once, before reporting ready
 
@@ -145,16 +178,13 @@ class Worker:
 
     def _launch(self, child: Any) -> Any:
         if self.method == "subprocess":
-            src = str(Path(__file__).resolve().parents[2])
-            code = (
-                f"import sys; sys.path.insert(0, {src!r}); from tandem_rlvr.rewards.workers import "
-                f"subprocess_entry; subprocess_entry({child.fileno()}, {self.memory_limit_mb!r})"
-            )
-            argv = [sys.executable, "-c", code]
-            return subprocess.Popen(argv, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
-        ctx = multiprocessing.get_context(self.method)
-        proc = ctx.Process(target=_worker_main, args=(child, self.memory_limit_mb), daemon=True)
-        proc.start()
+            proc = subprocess.Popen(worker_argv(child.fileno(), self.memory_limit_mb), pass_fds=(child.fileno(),),
+                                    stdin=subprocess.DEVNULL)
+        else:
+            ctx = multiprocessing.get_context(self.method)
+            proc = ctx.Process(target=_worker_main, args=(child, self.memory_limit_mb), daemon=True)
+            proc.start()
+        _LIVE[proc] = os.getpid()
         return proc
 
     def send(self, msg: Any) -> bool:
@@ -178,6 +208,33 @@ class Worker:
             except Exception:  # noqa: BLE001 - already gone
                 pass
             _reap(proc, 2.0)
+            _LIVE.pop(proc, None)
+
+
+def worker_argv(fd: int, memory_limit_mb: int | None) -> list[str]:
+    """The command line of a subprocess worker. ``python -c`` puts the current directory first on ``sys.path``
+    (a ``sympy.py`` there would shadow the real module): the worker drops it before any import, and finds this
+    package where this process found it (installed, ``PYTHONPATH`` or an editable install alike)."""
+    src = str(Path(__file__).resolve().parents[2])
+    code = (
+        f"import sys; sys.path[:] = [{src!r}] + [p for p in sys.path if p not in ('', {src!r})]; "
+        f"from tandem_rlvr.rewards.workers import subprocess_entry; subprocess_entry({fd}, {memory_limit_mb!r})"
+    )
+    return [sys.executable, "-c", code]
+
+
+_LIVE: dict = {}  # every worker process started and not yet killed (Popen or Process) -> the pid that started it
+
+
+def kill_all() -> None:
+    """SIGKILL every live worker this process started, without waiting (a hard exit is under way)."""
+    for proc, owner in list(_LIVE.items()):
+        if owner == os.getpid():  # not a copy inherited over a fork
+            try:
+                proc.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            _LIVE.pop(proc, None)
 
 
 def _reap(proc: Any, timeout: float) -> None:

@@ -90,8 +90,8 @@ def reduce_row(acc, row: dict) -> dict:
 def close_process_group() -> None:
     """Destroy the default process group, if any, before the interpreter exits: a gloo group left to
     Python's finalization can abort the process ("terminate called without an active exception", rc -6)
-    after a run that finished. Called at the end of ``tandem-rlvr train`` (a finished run or a
-    preemption stop, when every process has passed the same barrier)."""
+    after a run that finished. Called at the end of ``tandem-rlvr train`` on every exit path, after the
+    rollout engine is closed (vLLM's engine shutdown uses the group): :class:`~tandem_rlvr.training.watchdog.RunEnd`."""
     import torch.distributed as tdist
 
     if tdist.is_available() and tdist.is_initialized():

@@ -12,6 +12,13 @@ the rendezvous store every :data:`BEAT_S` seconds. When a collective fails (a pe
 closed, or nothing came within ``train.collective_timeout_s``) the heartbeats say which rank
 vanished: the one whose heartbeat stopped advancing. Each process also watches the next rank's
 heartbeat and logs it once it has been silent for :data:`SILENT_S` seconds.
+
+:class:`RunEnd`: how a ``tandem-rlvr train`` process ends, on every path (docs/faults.md, "Every stop
+and its exit code"): the trackers are ended (a failed run), the rollout engine is closed, then the
+process group, each step bounded by :data:`CLOSE_WAIT_S`; then the process exits with its code, by
+``os._exit`` after flushing when threads that may still be blocked remain (an abandoned engine call):
+one that wakes up during the interpreter's finalization aborts the process (exit 134), and a blocked
+non-daemon thread would keep it from exiting at all.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from tandem_rlvr.errors import EXIT_HUNG, PeerLost
 
@@ -32,6 +40,7 @@ log = logging.getLogger(__name__)
 
 BEAT_S = 1.0  # heartbeat period of PeerWatch
 STOP_WAIT_S = 10.0  # how long stop() waits for the heartbeat thread's last store call
+CLOSE_WAIT_S = 60.0  # how long the closing of a run (trackers, engine, process group) may take before a hard exit
 SILENT_S = 30.0  # a neighbour silent this long is reported at once (before any collective times out)
 
 
@@ -57,6 +66,8 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=STOP_WAIT_S)  # it wakes at once: no thread left behind at exit
 
     def _run(self) -> None:
         while not self._stop.wait(min(1.0, self.seconds / 4)):
@@ -79,17 +90,115 @@ class Watchdog:
                 faulthandler.dump_traceback(file=f, all_threads=True)
         except OSError as e:
             print(f"(could not write {self.dump_path}: {e})", file=err)
-        _end_children()
-        err.flush()
-        os._exit(EXIT_HUNG)
+        end = RunEnd.current
+        if end is not None:  # the engine, then the process group (bounded: the main thread may hold them)
+            end.close(EXIT_HUNG, wait_s=min(CLOSE_WAIT_S, max(5.0, self.seconds)))
+        hard_exit(EXIT_HUNG)
 
 
 def _end_children() -> None:
-    """Kill this process's multiprocessing children (reward workers) so none outlive a hard exit."""
+    """Kill this process's children so none outlive a hard exit: multiprocessing children and the verifier
+    workers started with ``subprocess`` (:func:`tandem_rlvr.rewards.workers.kill_all`)."""
     import multiprocessing
+
+    from tandem_rlvr.rewards.workers import kill_all
 
     for child in multiprocessing.active_children():
         child.kill()
+    kill_all()
+
+
+def _flush() -> None:
+    for h in logging.getLogger().handlers:
+        try:
+            h.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
+            pass
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            f.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def hard_exit(code: int) -> NoReturn:
+    """End the process now with ``code``: children killed, output flushed, no interpreter finalization."""
+    _end_children()
+    _flush()
+    os._exit(code)
+
+
+def stray_threads() -> list[threading.Thread]:
+    """Live threads besides the main one: each may be blocked (an abandoned engine call) and wake up, or keep
+    the interpreter from exiting, during its finalization."""
+    return [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+
+
+class RunEnd:
+    """The end of one ``tandem-rlvr train`` process: :meth:`close` (every exit path, the watchdog's too), then
+    :meth:`exit`. ``trainer`` is set once the run is built; :attr:`current` is the run of this process."""
+
+    current: RunEnd | None = None
+
+    def __init__(self):
+        self.trainer = None
+        self.finished = False  # the run ended its trackers itself (Trainer._finish)
+        self.closed: list[str] = []  # what was closed, in order (tests)
+        self._lock = threading.Lock()
+        self._started = False
+        RunEnd.current = self
+
+    def _steps(self) -> list[tuple[str, object]]:
+        from tandem_rlvr.training.dist import close_process_group
+
+        t, steps = self.trainer, []
+        if t is not None:
+            if not self.finished and t.cfg.train.trackers and t.acc.is_main_process:
+                steps.append(("the trackers", t.acc.end_training))
+            steps.append(("the rollout engine", t.engine.close))
+        return steps + [("the process group", close_process_group)]
+
+    def close(self, code: int, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Close, in order, the trackers (a run that did not finish), the engine, the process group; once per
+        process. A step that raises is logged; one that takes over ``wait_s`` seconds ends the process with
+        ``code`` (:func:`hard_exit`)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        for what, fn in self._steps():
+            timer = threading.Timer(wait_s, self._stuck, args=(what, wait_s, code))
+            timer.daemon = True
+            timer.start()
+            try:
+                fn()
+                self.closed.append(what)
+            except Exception as e:  # noqa: BLE001 - closing goes on: the exit code is already decided
+                log.warning("closing %s failed: %s: %s", what, type(e).__name__, e)
+            finally:
+                timer.cancel()
+                if timer is not threading.current_thread():
+                    timer.join()
+        RunEnd.current = None
+        _flush()
+
+    @staticmethod
+    def _stuck(what: str, wait_s: float, code: int) -> None:
+        print(f"tandem-rlvr train: closing {what} did not finish within {wait_s:g} s; ending the process with "
+              f"exit code {code}", file=sys.__stderr__, flush=True)
+        hard_exit(code)
+
+    def exit(self, code: int) -> int:
+        """``code``, to return from ``main``; or, when threads remain that may still be blocked, end the
+        process here with it (:func:`hard_exit`)."""
+        RunEnd.current = None
+        stray = stray_threads()
+        if stray:
+            log.debug("threads left at exit (%s): ending the process with os._exit(%d)",
+                      ", ".join(t.name for t in stray), code)
+            hard_exit(code)
+        _flush()
+        return code
 
 
 _COLLECTIVE_WORDS = re.compile(r"gloo|nccl|connection (closed|reset|refused)|timed out|processgroup|broken pipe|socket", re.I)
