@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a senior (arms trlvr, grpo, kl_reg) from a YAML config")
     t.add_argument("config", help="YAML config file (see configs/)")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=1e-5 train.steps=3")
-    t.add_argument("--restart", action="store_true", help="delete train.out_dir and start over instead of resuming")
+    t.add_argument("--restart", action="store_true", help="start over instead of resuming: delete the run's own files in train.out_dir (refused if it holds anything else; docs/faults.md)")
     t.set_defaults(func=_train)
 
     e = sub.add_parser("eval", help="solo / handoff / tax / legibility / drift of senior(s) with a junior")

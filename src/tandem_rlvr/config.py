@@ -122,7 +122,7 @@ class DataConfig:
     train_split: str | None = _f(None, "Split of a named benchmark (default: its training split).")
     problem_key: str = _f("problem", "Problem column of a local file.")
     answer_key: str = _f("answer", "Answer column of a local file.")
-    reward: str = _f("math", "Reward: math (math-verify on the last \\boxed{}), gsm8k, boxed_exact, or your own plain function as package.module:function (run in-process, no time limit).")
+    reward: str = _f("math", "Reward: math (math-verify on the last \\boxed{}), gsm8k, boxed_exact, or your own function as package.module:function, plain (completion, gold) or with TRL's reward signature (docs/trl.md); run in-process, no time limit.")
     reward_timeout_s: float = _f(2.0, "Hard time limit of one answer check.", gt=0)
     reward_workers: int = _f(2, "Worker processes for answer checking.", ge=1)
 
