@@ -64,13 +64,29 @@ def test_every_numeric_key_declares_its_range():
     assert len(TRAIN_KEYS) >= 40 and len(EVAL_KEYS) >= 15  # the enumeration sees the fields
 
 
+class _StandInRun:
+    """What ``tandem-rlvr train`` builds (``make_trainer``), recording the config a run would start with."""
+
+    def __init__(self, cfg, seen):
+        self.cfg, self.seen = cfg, seen
+        self.engine = type("Engine", (), {"close": lambda self: None})()
+
+    def train(self):
+        self.seen.append(self.cfg)
+        return "final"
+
+
+def _stand_in_trainer(monkeypatch, seen: list) -> None:
+    import tandem_rlvr.training.trainer as trainer
+
+    monkeypatch.setattr(trainer, "make_trainer", lambda cfg, restart=False: _StandInRun(cfg, seen))
+
+
 @pytest.fixture
 def config_file(tmp_path, monkeypatch):
     """A config whose models do not exist, and a stand-in trainer that fails the test if a run starts."""
-    import tandem_rlvr.training.trainer as trainer
-
     started = []
-    monkeypatch.setattr(trainer, "train", lambda cfg, restart=False: started.append(cfg) or "final")
+    _stand_in_trainer(monkeypatch, started)
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"model": {"senior": BOGUS, "self_paired": True},
@@ -168,16 +184,14 @@ def test_an_out_dir_that_is_not_a_run_of_its_own_is_refused(home, capsys, out_di
 
 
 def test_a_tilde_out_dir_is_expanded_once_in_the_config(home, tmp_path, monkeypatch):
-    import tandem_rlvr.training.trainer as trainer
-
-    seen = []
-    monkeypatch.setattr(trainer, "train", lambda cfg, restart=False: seen.append(cfg.train.out_dir) or "final")
+    runs = []
+    _stand_in_trainer(monkeypatch, runs)
     cfg = load_config(None, ["model.senior=s", "model.self_paired=true", "train.out_dir=~/runs/a"])
     assert cfg.train.out_dir == str(home / "runs" / "a")
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"model": {"senior": "s", "self_paired": True},
                                                     "train": {"out_dir": "~/runs/b"}}))
     assert main(["train", str(tmp_path / "c.yaml")]) == 0
-    assert seen == [str(home / "runs" / "b")]  # what the run (and its preflight) gets
+    assert [c.train.out_dir for c in runs] == [str(home / "runs" / "b")]  # what the run (and its preflight) gets
     assert not (tmp_path / "w" / "work" / "~").exists()
     for fine in ("runs/x", "./runs/x", str(tmp_path / "elsewhere")):
         assert load_config(None, ["model.senior=s", "model.self_paired=true", f"train.out_dir={fine}"])
