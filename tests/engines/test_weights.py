@@ -40,7 +40,7 @@ dist.destroy_process_group()  # not left to interpreter exit, where a live gloo 
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-@pytest.mark.parametrize("mode", ["full", "zero2"])
+@pytest.mark.parametrize("mode", ["full", pytest.param("zero2", marks=pytest.mark.slow)])  # zero2: slow suite (cost)
 def test_a_sharded_senior_streams_unit_by_unit_to_the_full_weights(tmp_path, tokenizer, mode):
     import os
     import socket

@@ -83,7 +83,7 @@ def test_two_processes_equal_one(tmp_path, model_dirs, one_process_run):
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-@pytest.mark.parametrize("mode", ["full", "zero2"])
+@pytest.mark.parametrize("mode", ["full", pytest.param("zero2", marks=pytest.mark.slow)])  # zero2: slow suite (cost)
 def test_fsdp_sharded_senior_equals_one_process(tmp_path, model_dirs, one_process_run, mode):
     """FSDP2 over 2 gloo processes: same metrics and final weights as 1 unsharded process; the rollouts
     run on gathered weights, so each process may stop decoding at its own step."""
@@ -104,6 +104,7 @@ def test_sharded_launchers_are_refused_with_a_clear_message():
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+@pytest.mark.slow  # two 2-process launches (~25 s): the slow suite; resume itself is tested in one process by default
 def test_fsdp_run_resumes_from_its_gathered_checkpoint_and_validates(tmp_path, model_dirs):
     """A sharded run's checkpoints (full weights and optimizer state gathered to the main process) bring
     a resumed run to the same end as an uninterrupted one; validation runs on gathered weights and
@@ -145,6 +146,7 @@ def test_fsdp_on_one_process_is_refused(tmp_path, model_dirs):
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+@pytest.mark.slow  # a third 2-process FSDP launch: the slow suite
 def test_fsdp_bf16_gathers_and_computes_in_bf16_and_keeps_fp32_weights(tmp_path, model_dirs, one_process_run):
     """With accelerate's bf16 setting the sharded senior computes in bf16 (FSDP2 mixed precision) and
     keeps float32 master weights: the run trains, and ends near (not at) the float32 run."""
