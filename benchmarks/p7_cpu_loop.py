@@ -62,30 +62,51 @@ def _trainer(world, arm: str, plan, out: Path):
 
 
 def _side(world, arm: str, plan, steps: int, lean: bool) -> tuple[dict, list]:
-    """Seconds per phase summed over ``steps`` steps, and each step's (reward mean, loss, rollout ids)."""
-    from tandem_rlvr.engines import fastpath
+    """CPU seconds per phase summed over ``steps`` steps, and each step's (reward mean, loss, mean length).
 
-    prev, fastpath.LEAN = getattr(fastpath, "LEAN", None), lean
+    CPU time of this single-threaded process, not wall time: on a machine shared with other jobs the
+    wall clock also counts the time the scheduler gave to them. The phases are timed by wrapping the
+    trainer's own methods: ``rollout``, ``rewards``, ``update`` (its no-grad ``sequence_logps`` calls
+    are the scoring, the rest the update) and ``train_step`` (the total).
+    """
+    from tandem_rlvr.engines import fastpath
+    from tandem_rlvr.training import trainer as trainer_mod
+
+    out = {p: 0.0 for p in PHASES}
+
+    def timed(fn, phase):
+        def call(*args, **kw):
+            if phase == "scoring" and torch.is_grad_enabled():
+                return fn(*args, **kw)  # the update's own forward: counted in the update
+            c0 = time.process_time()
+            try:
+                return fn(*args, **kw)
+            finally:
+                out[phase] += time.process_time() - c0
+        return call
+
+    prev, fastpath.LEAN = fastpath.LEAN, lean
+    prev_logps = trainer_mod.sequence_logps
+    trainer_mod.sequence_logps = timed(prev_logps, "scoring")
     try:
         with tempfile.TemporaryDirectory() as d:
             tr = _trainer(world, arm, plan, Path(d) / "run")
+            for name, phase in (("rollout", "rollout"), ("rewards", "reward"), ("update", "update"),
+                                ("train_step", "total")):
+                setattr(tr, name, timed(getattr(tr, name), phase))
             with tr._scorer() as scorer:
                 tr.scorer = scorer
                 scorer.score(["\\boxed{1}"], ["1"])  # start the verifier worker outside the timed steps
-                out = {p: 0.0 for p in PHASES}
                 seen = []
                 for step in range(steps):
                     row = tr.train_step(step)
-                    score = row.get("time/score_s", 0.0)
-                    out["rollout"] += row["time/rollout_s"]
-                    out["reward"] += row["time/reward_s"]
-                    out["scoring"] += score
-                    out["update"] += row["time/update_s"] - score
-                    out["total"] += row["time/step_s"]
-                    seen.append((row["reward/mean"], row["train/loss"], row["rollout/response_len"]))
+                    seen.append((round(row["reward/mean"], 4), round(row["train/loss"], 5),
+                                 row["rollout/response_len"]))
                 tr.scorer = None
     finally:
         fastpath.LEAN = prev
+        trainer_mod.sequence_logps = prev_logps
+    out["update"] -= out["scoring"]
     return out, seen
 
 
