@@ -35,6 +35,7 @@ from pathlib import Path
 import common as C
 import torch
 
+FLAGS = ("LEAN", "SHARED_PROMPTS")  # engines.fastpath switches: all off = the old loop, all on = the new one
 PHASES = ("rollout", "reward", "scoring", "update", "total")
 
 
@@ -85,7 +86,9 @@ def _side(world, arm: str, plan, steps: int, lean: bool) -> tuple[dict, list]:
                 out[phase] += time.process_time() - c0
         return call
 
-    prev, fastpath.LEAN = fastpath.LEAN, lean
+    prev = {f: getattr(fastpath, f) for f in FLAGS}
+    for f in FLAGS:
+        setattr(fastpath, f, lean)
     prev_logps = trainer_mod.sequence_logps
     trainer_mod.sequence_logps = timed(prev_logps, "scoring")
     try:
@@ -104,7 +107,8 @@ def _side(world, arm: str, plan, steps: int, lean: bool) -> tuple[dict, list]:
                                  row["rollout/response_len"]))
                 tr.scorer = None
     finally:
-        fastpath.LEAN = prev
+        for f, v in prev.items():
+            setattr(fastpath, f, v)
         trainer_mod.sequence_logps = prev_logps
     out["update"] -= out["scoring"]
     return out, seen
