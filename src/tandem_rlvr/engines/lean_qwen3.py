@@ -95,6 +95,8 @@ class LeanQwen3:
         self.cos = (emb.cos() * rot.attention_scaling).to(dtype)
         self.sin = (emb.sin() * rot.attention_scaling).to(dtype)
         self.n = 0  # filled cache slots
+        self.B, self.rows = batch, None  # rows: the batch rows the cache still holds (None: all, in order)
+        self.add_BL = None
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -112,16 +114,34 @@ class LeanQwen3:
         self.add_BL = torch.zeros(pad_BL.shape, dtype=self.embed.dtype, device=pad_BL.device).masked_fill_(
             ~pad_BL, float("-inf"))
 
+    def drop_rows(self, live_B: torch.Tensor, below: float = 0.75) -> None:
+        """Stop computing the rows where ``live_B`` is False once fewer than ``below`` of the rows computed so
+        far are live (the cache is compacted then, not per step). Their logits are zeros from then on:
+        the caller must not use them (the engine replaces a finished row's tokens by padding)."""
+        rows = self.rows if self.rows is not None else torch.arange(self.B, device=live_B.device)
+        keep = live_B[rows].nonzero().squeeze(-1)
+        if keep.numel() == 0 or keep.numel() >= below * rows.numel():
+            return
+        self.rows = rows[keep]
+        for L in self.layers:
+            L.k, L.v = L.k[keep], L.v[keep]
+        if self.add_BL is not None:
+            self.add_BL = self.add_BL[keep]
+
     def forward(self, ids_BQ: torch.Tensor, pos_BQ: torch.Tensor, mask: torch.Tensor, keep: int,
                 expand: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``(B, keep, V)``; see the class docstring. ``expand`` (first call only): ``ids_BQ`` are
         the distinct prompts and row ``i`` of the batch is prompt ``expand[i]`` (read once, cached per row)."""
+        full = None
+        if self.rows is not None:
+            full, ids_BQ, pos_BQ = ids_BQ.shape[0], ids_BQ[self.rows], pos_BQ[self.rows]
+            mask = mask[self.rows] if mask.shape[0] == full else mask
         B, Q = ids_BQ.shape
         H, Hkv, D = self.H, self.Hkv, self.D
         a, b = self.n, self.n + Q
         if expand is not None and a:
             raise ValueError("expand applies to the first forward (the prompts) only")
-        grouped = Q == 1 and H != Hkv and getattr(self, "add_BL", None) is not None
+        grouped = Q == 1 and H != Hkv and self.add_BL is not None
         if grouped:  # one query per head: the heads sharing a KV head become queries of that head
             mask = self.add_BL[:, None, None, :b]
         cos, sin = self.cos[pos_BQ][:, None], self.sin[pos_BQ][:, None]  # (B, 1, Q, D)
@@ -146,4 +166,9 @@ class LeanQwen3:
             x = x + F.linear(F.silu(g) * u, L.down)
         self.n = b
         x = x[:, Q - keep:]
-        return F.linear(self._rms(x if expand is None else x[expand], self.norm), self.head)
+        logits = F.linear(self._rms(x if expand is None else x[expand], self.norm), self.head)
+        if full is None:
+            return logits
+        out = logits.new_zeros(full, *logits.shape[1:])
+        out[self.rows] = logits
+        return out

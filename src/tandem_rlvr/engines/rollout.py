@@ -130,6 +130,11 @@ class _Decoder:
                 self.logps_BT[:, a + 1:a + 1 + k] = logp_of(logits[:, :k], ids_BT[:, a + 1:a + 1 + k], self.temperature)
             self.logits_BV, self.seen = logits[:, -1, :], b
 
+    def live(self, live_B: torch.Tensor) -> None:
+        """Rows still being written (the lean model stops computing finished ones)."""
+        if self.lean is not None:
+            self.lean.drop_rows(live_B)
+
     def record(self, t: int, tok_B: torch.Tensor) -> None:
         if self.seen == t:
             self.logps_BT[:, t] = logp_of(self.logits_BV, tok_B, self.temperature)
@@ -238,6 +243,8 @@ class _CoWrite:
         self.rounds = torch.where(self.done.cpu(), self.rounds, self.state.rounds_B)
         self.hit_eos = self.hit_eos | (torch.isin(tok, self.eos) & live)
         self.done = self.done | self.hit_eos | over_rounds(self.state.rounds_B, self.max_rounds).to(self.device)
+        for d in self.decs:
+            d.live(~self.done)
         return bool(self.done.all())
 
     def run(self) -> None:
