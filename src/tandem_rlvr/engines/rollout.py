@@ -130,9 +130,11 @@ class _Decoder:
                 self.logps_BT[:, a + 1:a + 1 + k] = logp_of(logits[:, :k], ids_BT[:, a + 1:a + 1 + k], self.temperature)
             self.logits_BV, self.seen = logits[:, -1, :], b
 
-    def live(self, live_B: torch.Tensor) -> None:
-        """Rows still being written (the lean model stops computing finished ones)."""
-        if self.lean is not None:
+    def live(self, t: int, live_B: torch.Tensor) -> None:
+        """After step ``t``: rows still being written. The lean model stops computing finished rows once
+        this model has read every column before ``t`` (and recorded ``t``): a model that sat out steps
+        (catch-up) still has to score what those rows wrote before they finished."""
+        if self.lean is not None and self.seen >= t:
             self.lean.drop_rows(live_B)
 
     def record(self, t: int, tok_B: torch.Tensor) -> None:
@@ -244,7 +246,7 @@ class _CoWrite:
         self.hit_eos = self.hit_eos | (torch.isin(tok, self.eos) & live)
         self.done = self.done | self.hit_eos | over_rounds(self.state.rounds_B, self.max_rounds).to(self.device)
         for d in self.decs:
-            d.live(~self.done)
+            d.live(t, ~self.done)
         return bool(self.done.all())
 
     def run(self) -> None:
