@@ -164,8 +164,11 @@ def main() -> None:
     if not a.no_write:
         details = (f"default demo plan (8×8 rollouts, 112 new tokens, word p=0.5, T=0.6), prebuilt world "
                    f"(Qwen3 h96×L3, senior 320 / junior 256 MLP), {a.steps} step(s) × {a.repeats} repeats per side; "
-                   + "; ".join(f"{arm} {p} {o:.2f}→{n:.2f}s" for arm, p, _m, _lo, _hi, o, n in lines))
+                   + "CPU s/step old→new: " + "; ".join(f"{arm} {p} {o:.2f}→{n:.2f}" for arm, p, _m, _lo, _hi, o, n in lines
+                                                         if p != "reward"))
         for arm, p, *_ in lines:
+            if p == "reward":  # the answers are checked in the verifier's own process: not this process's CPU time
+                continue
             C.record(f"P7 {arm} {p}", f"CPU RL step, new ÷ old loop ({arm}, {p})", ratios.get((arm, p)),
                      "<= 0.333" if p == "total" else None, details)
 
