@@ -56,6 +56,7 @@ def test_supports_only_what_it_computes(tokenizer):
     assert not supports(_qwen3(attention_bias=True))
     assert not supports(_qwen3(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}))
     assert not supports(_qwen3(use_sliding_window=True, sliding_window=8, max_window_layers=0))
+    assert supports(_qwen3(attention_dropout=0.1)) and not supports(_qwen3(attention_dropout=0.1).train())
 
 
 def test_logits_match_transformers_prefill_decode_and_window():
@@ -68,7 +69,7 @@ def test_logits_match_transformers_prefill_decode_and_window():
     real = mask.bool()
     with torch.inference_mode():
         ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        lean = LeanQwen3(model, B, P + N)
+        lean = LeanQwen3(model, B, P + N, capacity=P + 1)  # the cache grows at the second decode step
         lean.set_padding(real)
         cols = torch.arange(P + N)
         causal = cols[None, :] <= cols[:, None]
@@ -132,13 +133,14 @@ def test_dropped_rows_leave_the_live_rows_unchanged():
 
 
 @pytest.fixture(scope="module")
-def world():
+def world_batch(world):
+    """The built-in world's tokenizer, senior and weak junior (the conftest's temporary install) and a
+    left-padded batch of 4 training prompts, each 3 times."""
     from tandem_rlvr.data import encode_prompts, load_examples
     from tandem_rlvr.engines.base import PromptBatch
     from tandem_rlvr.models import load_causal_lm, load_tokenizer
-    from tandem_rlvr.world.build import build_world
 
-    paths = build_world(progress=False)
+    paths = world[0]
     tok = load_tokenizer(str(paths.senior_dir))
     examples = load_examples("world/train")[:4]
     _, enc = encode_prompts(tok, examples)
@@ -150,10 +152,10 @@ def world():
 
 
 @pytest.mark.parametrize("mode", ["lockstep", "catchup", "record"])
-def test_greedy_tandem_rollouts_equal_with_and_without_the_lean_decoder(world, mode, monkeypatch):
+def test_greedy_tandem_rollouts_equal_with_and_without_the_lean_decoder(world_batch, mode, monkeypatch):
     """``record``: a senior solo rollout in catch-up mode whose junior only records, i.e. reads the whole
     response in windows after rows have finished (and been dropped)."""
-    tok, senior, junior, prompts = world
+    tok, senior, junior, prompts = world_batch
     schedule = make_schedule("none") if mode == "record" else make_schedule("word", tok, p=0.5, max_gap=32)
     kw = {"mode": "catchup", "record_junior": True} if mode == "record" else {"mode": mode}
     out = {}
@@ -173,8 +175,8 @@ def test_greedy_tandem_rollouts_equal_with_and_without_the_lean_decoder(world, m
     _close(new.junior_logps_BT, old.junior_logps_BT)
 
 
-def test_lean_decoder_is_used_on_qwen3(world, monkeypatch):
-    tok, senior, _, prompts = world
+def test_lean_decoder_is_used_on_qwen3(world_batch, monkeypatch):
+    tok, senior, _, prompts = world_batch
     calls = []
     monkeypatch.setattr(lean_qwen3.LeanQwen3, "forward",
                         lambda self, *a, _f=lean_qwen3.LeanQwen3.forward, **k: calls.append(1) or _f(self, *a, **k))

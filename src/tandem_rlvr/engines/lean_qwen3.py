@@ -38,6 +38,8 @@ def supports(model) -> bool:
         device = next(iter(model.parameters())).device
     except StopIteration:
         return False
+    if model.training and getattr(cfg, "attention_dropout", 0.0):  # transformers would drop attention weights
+        return False
     return (device.type == "cpu" and cfg.hidden_act == "silu" and not cfg.attention_bias
             and rope.get("rope_type", "default") == "default"
             and all(t == "full_attention" for t in types)
@@ -61,13 +63,14 @@ class _Layer:
 class LeanQwen3:
     """``model``'s forward over a shared KV cache of ``batch`` rows and up to ``max_len`` positions.
 
+    The cache holds ``capacity`` positions at first (default ``max_len``) and grows by half when full.
     :meth:`forward` takes ``ids_BQ`` (the next ``Q`` tokens of every row), their positions and a boolean
     attention mask ``(B, 1, 1 or Q, n)`` over the ``n`` cache slots filled after this call (True =
     attend), and returns the logits of the last ``keep`` of the ``Q`` tokens. The weights are read
     when it is built (fused copies for q/k/v and gate/up): build one per rollout.
     """
 
-    def __init__(self, model, batch: int, max_len: int):
+    def __init__(self, model, batch: int, max_len: int, capacity: int | None = None):
         cfg = model.config
         m = model.model
         self.eps = cfg.rms_norm_eps
@@ -86,7 +89,7 @@ class LeanQwen3:
             L.qn, L.kn, L.o = a.q_norm.weight.detach(), a.k_norm.weight.detach(), a.o_proj.weight.detach()
             L.gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
             L.down = mlp.down_proj.weight.detach()
-            L.k = torch.empty(batch, self.Hkv, max_len, self.D, dtype=dtype, device=device)
+            L.k = torch.empty(batch, self.Hkv, min(max_len, capacity or max_len), self.D, dtype=dtype, device=device)
             L.v = torch.empty_like(L.k)
             self.layers.append(L)
         rot = m.rotary_emb
@@ -94,7 +97,7 @@ class LeanQwen3:
         emb = torch.cat([freqs, freqs], -1)
         self.cos = (emb.cos() * rot.attention_scaling).to(dtype)
         self.sin = (emb.sin() * rot.attention_scaling).to(dtype)
-        self.n = 0  # filled cache slots
+        self.n, self.max_len = 0, max_len  # filled cache slots; the most there will be
         self.B, self.rows = batch, None  # rows: the batch rows the cache still holds (None: all, in order)
         self.add_BL = None
 
@@ -107,6 +110,19 @@ class LeanQwen3:
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x.shape[-1] // 2
         return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` cache slots: the cache grows by half its size (at least 64) when full."""
+        cap = self.layers[0].k.shape[2]
+        if n <= cap:
+            return
+        new = max(n, min(self.max_len, cap + max(cap // 2, 64)))
+        for L in self.layers:
+            for name in ("k", "v"):
+                old = getattr(L, name)
+                buf = old.new_empty(*old.shape[:2], new, old.shape[-1])
+                buf[:, :, :self.n] = old[:, :, :self.n]
+                setattr(L, name, buf)
 
     def set_padding(self, pad_BL: torch.Tensor) -> None:
         """The rows' padding over every cache slot (True = a real token): single-token steps then add a
@@ -141,6 +157,7 @@ class LeanQwen3:
         a, b = self.n, self.n + Q
         if expand is not None and a:
             raise ValueError("expand applies to the first forward (the prompts) only")
+        self._reserve(b)
         grouped = Q == 1 and H != Hkv and self.add_BL is not None
         if grouped:  # one query per head: the heads sharing a KV head become queries of that head
             mask = self.add_BL[:, None, None, :b]

@@ -75,7 +75,7 @@ class _Decoder:
         else:
             cfg = getattr(model, "config", None)
             self.cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
-        self.lean = (LeanQwen3(model, B, P + n_new) if fast and fastpath.LEAN and self.call is model
+        self.lean = (LeanQwen3(model, B, P + n_new, P + min(n_new, 256)) if fast and fastpath.LEAN and self.call is model
                      and lean_qwen3.supports(model) else None)
         self.plen_B1 = prompt_mask_BP.long().sum(-1, keepdim=True)
         self.steps = torch.arange(n_new, device=device)
