@@ -3,24 +3,25 @@
 Both sides run here, in one process, on the built-in arithmetic world's models (the shipped prebuilt
 senior and weak junior: tiny Qwen3s, 3 layers, 96 wide), with the default demo's training config
 (``demo.plan.train_config``: 8 prompts × 8 rollouts, 112 new tokens, word handoff p = 0.5, T = 0.6,
-two PPO mini-batches), one intra-op thread (as each demo job runs). Each side starts from a fresh copy
-of the warm start and runs the same steps; the sides alternate repeat by repeat.
+two PPO mini-batches; validation off), one intra-op thread (as each demo job runs). Each side starts
+from a fresh copy of the warm start and runs the same steps; the sides alternate repeat by repeat.
 
-- **old**: ``fastpath.LEAN = False``: every model runs through transformers' ``Qwen3ForCausalLM``
-  (the rollout engine's generic fast path: buffer KV cache, GQA in SDPA), as on main;
-- **new**: ``fastpath.LEAN = True``: the rollout decodes with :mod:`tandem_rlvr.engines.lean_qwen3`
-  (the same function from the same weights, no transformers dispatch per layer) where it applies.
+- **old**: the ``engines.fastpath`` switches ``LEAN`` and ``SHARED_PROMPTS`` off: every forward is
+  transformers' ``Qwen3ForCausalLM`` (the engine's buffer KV cache and GQA-in-SDPA), as on main;
+- **new**: both on: the rollout decodes with :mod:`tandem_rlvr.engines.lean_qwen3` (prompts read once
+  per distinct prompt, finished rows dropped) and the teacher-forced scoring reads each distinct
+  prompt once (still transformers' model and autograd).
 
-Phases (the trainer's own metrics): ``rollout`` (``time/rollout_s``), ``reward`` (decoding and
-grading the texts), ``scoring`` (``time/score_s``: the teacher-forced old log-probs, and the junior's
-for ``kl_reg``), ``update`` (``time/update_s`` minus scoring: forward, backward, optimiser) and
-``total`` (``time/step_s``). Arms: ``trlvr`` (tandem rollouts, both models on every token) and
-``kl_reg`` (solo senior rollouts, junior scored teacher-forced; ``grpo`` is ``kl_reg`` without that
-scoring). The demo trains one ``trlvr``, one ``grpo`` and three ``kl_reg`` runs per seed, so the
-demo-weighted total is ``trlvr + 4 × kl_reg`` (an upper bound for the grpo share).
-
-Also checked per repeat: both sides' rewards and losses of the step (equal up to float order when the
-rollouts are equal; the run prints how many rollouts differ).
+Phases, in CPU seconds of this process (wall time on a shared machine also counts other jobs' turns):
+``rollout`` (``Trainer.rollout``), ``reward`` (``Trainer.rewards``; the answers are checked in the
+verifier's own process, so this is near zero and not recorded), ``scoring`` (the no-grad
+``sequence_logps`` calls: the old log-probs, and the junior's for ``kl_reg``), ``update`` (the rest of
+``Trainer.update``: forward, backward, optimiser) and ``total`` (``Trainer.train_step``). Arms:
+``trlvr`` (tandem rollouts, both models on every token) and ``kl_reg@0.1`` (solo senior rollouts,
+junior scored teacher-forced; ``grpo`` is ``kl_reg`` without that scoring). The demo trains one
+``trlvr``, one ``grpo`` and three ``kl_reg`` runs per seed: the demo-weighted total printed is
+``trlvr + 4 × kl_reg``. Each repeat also prints both sides' reward mean, loss and mean response length
+per step (equal up to float order).
 """
 
 from __future__ import annotations
