@@ -219,3 +219,17 @@ def test_shared_prompt_scoring_equals_one_forward_with_gradients(kind, tokenizer
     _close(lp1[m], lp0[m])
     for a, b in zip(g1, g0):
         _close(a, b)
+
+
+def test_shared_prompt_scoring_is_off_in_a_multi_process_run(tokenizer, monkeypatch):
+    """Sharded forwards are collective: a process that took the shared path (two forwards) while another
+    took the plain one would hang; with more than one process every process takes the plain path."""
+    model = make_tiny_model(len(tokenizer), 0, 32)
+    p_ids, p_mask = _left_padded(2, 6, model.config.vocab_size)
+    ro = _rollout(p_ids[[0, 0, 1, 1]], p_mask[[0, 0, 1, 1]], model.config.vocab_size, 5)
+    forwards = []
+    model.register_forward_hook(lambda *a: forwards.append(1))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
+    sequence_logps(model, ro, 1.0)
+    assert len(forwards) == 1

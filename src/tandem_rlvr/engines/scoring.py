@@ -57,11 +57,13 @@ def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: flo
 def _shared_prompts(model, rollout: Rollout, rows: torch.Tensor, device):
     """``(distinct prompts (ids, mask), row -> prompt index)`` when ``rows`` repeat prompts (a GRPO batch holds
     each ``group_size`` times) and ``model`` is a plain, unwrapped full-attention decoder on a fast-path device
-    (no DDP/FSDP wrapper, no gradient checkpointing); else None."""
+    (no DDP/FSDP wrapper, no gradient checkpointing, one process); else None."""
     if not fastpath.SHARED_PROMPTS or device.type not in fastpath.FAST_PATH_DEVICES or not fastpath.fast_ok(model):
         return None
     if getattr(model, "module", None) is not None or getattr(model, "is_gradient_checkpointing", False):
         return None
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        return None  # a sharded model's forwards are collective: every process must take the same path
     p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows].long()
     uniq, inv = torch.unique(torch.cat([p_ids, p_mask], -1), dim=0, return_inverse=True)
     if 2 * uniq.shape[0] > len(rows):  # fewer than two rows per prompt on average: nothing to share
