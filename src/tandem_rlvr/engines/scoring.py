@@ -55,19 +55,24 @@ def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: flo
 
 
 def _shared_prompts(model, rollout: Rollout, rows: torch.Tensor, device):
-    """``(distinct prompts (ids, mask), row -> prompt index)`` when ``rows`` repeat prompts (a GRPO batch holds
-    each ``group_size`` times) and ``model`` is a plain, unwrapped full-attention decoder on a fast-path device
-    (no DDP/FSDP wrapper, no gradient checkpointing, one process); else None."""
+    """``(distinct prompts (ids, mask), row -> prompt index)`` when no gradient is taken and ``model`` is a
+    full-attention decoder on a fast-path device, not DDP-wrapped; else None. A GRPO batch holds each
+    prompt ``group_size`` times. The choice never depends on the data: an FSDP-sharded model's forwards
+    are collective, so every process must take the same path (a batch without repeats costs one extra
+    forward call, not extra arithmetic).
+
+    Not under autograd: the update's forward stays one forward per micro-batch, so a run's weights do not
+    depend on the number of processes beyond float rounding (a DDP-wrapped model cannot take two
+    forwards per backward; the shared path's gradients add up in another order, ~1e-6 apart after two
+    steps, over the 1e-6 that tests/training/test_multiprocess.py allows)."""
     if not fastpath.SHARED_PROMPTS or device.type not in fastpath.FAST_PATH_DEVICES or not fastpath.fast_ok(model):
         return None
     if getattr(model, "module", None) is not None or getattr(model, "is_gradient_checkpointing", False):
         return None
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        return None  # a sharded model's forwards are collective: every process must take the same path
+    if torch.is_grad_enabled():
+        return None
     p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows].long()
     uniq, inv = torch.unique(torch.cat([p_ids, p_mask], -1), dim=0, return_inverse=True)
-    if 2 * uniq.shape[0] > len(rows):  # fewer than two rows per prompt on average: nothing to share
-        return None
     P = p_ids.shape[1]
     return uniq[:, :P], uniq[:, P:], inv
 
@@ -75,8 +80,8 @@ def _shared_prompts(model, rollout: Rollout, rows: torch.Tensor, device):
 def _shared_prompt_logits(model, ids, mask, pos, T: int, u_ids, u_mask, inv) -> torch.Tensor:
     """The logits of the plain forward's last ``T + 1`` positions, with each distinct prompt read once: the
     prompts' keys and values (and last logits) are computed per distinct prompt and indexed out to their
-    rows, then the responses read them from the cache. Same function (a prompt position never attends to
-    a response); under autograd the rows' gradients through the shared prompt add up in the index."""
+    rows, then the responses read them from the cache. Same function: a prompt position never attends to
+    a response."""
     from transformers import DynamicCache
 
     P = u_ids.shape[1]
