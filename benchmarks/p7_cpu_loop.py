@@ -9,8 +9,8 @@ from a fresh copy of the warm start and runs the same steps; the sides alternate
 - **old**: the ``engines.fastpath`` switches ``LEAN`` and ``SHARED_PROMPTS`` off: every forward is
   transformers' ``Qwen3ForCausalLM`` (the engine's buffer KV cache and GQA-in-SDPA), as on main;
 - **new**: both on: the rollout decodes with :mod:`tandem_rlvr.engines.lean_qwen3` (prompts read once
-  per distinct prompt, finished rows dropped) and the teacher-forced scoring reads each distinct
-  prompt once (still transformers' model and autograd).
+  per distinct prompt, finished rows dropped) and the no-grad teacher-forced scoring reads each
+  distinct prompt once (still transformers' model; the update's forward is unchanged).
 
 Phases, in CPU seconds of this process (wall time on a shared machine also counts other jobs' turns):
 ``rollout`` (``Trainer.rollout``), ``reward`` (``Trainer.rewards``; the answers are checked in the
@@ -165,8 +165,8 @@ def main() -> None:
     if not a.no_write:
         details = (f"default demo plan (8×8 rollouts, 112 new tokens, word p=0.5, T=0.6), prebuilt world "
                    f"(Qwen3 h96×L3, senior 320 / junior 256 MLP), {a.steps} step(s) × {a.repeats} repeats per side; "
-                   + "CPU s/step old→new: " + "; ".join(f"{arm} {p} {o:.2f}→{n:.2f}" for arm, p, _m, _lo, _hi, o, n in lines
-                                                         if p != "reward"))
+                   + "CPU s/step old→new: "
+                   + "; ".join(f"{arm} {p} {o:.2f}→{n:.2f}" for arm, p, _m, _lo, _hi, o, n in lines if p != "reward"))
         for arm, p, *_ in lines:
             if p == "reward":  # the answers are checked in the verifier's own process: not this process's CPU time
                 continue

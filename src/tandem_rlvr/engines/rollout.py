@@ -75,8 +75,8 @@ class _Decoder:
         else:
             cfg = getattr(model, "config", None)
             self.cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
-        self.lean = (LeanQwen3(model, B, P + n_new, P + min(n_new, 256)) if fast and fastpath.LEAN and self.call is model
-                     and lean_qwen3.supports(model) else None)
+        lean_ok = fast and fastpath.LEAN and self.call is model and lean_qwen3.supports(model)
+        self.lean = LeanQwen3(model, B, P + n_new, P + min(n_new, 256)) if lean_ok else None
         self.plen_B1 = prompt_mask_BP.long().sum(-1, keepdim=True)
         self.steps = torch.arange(n_new, device=device)
         pos = (prompt_mask_BP.long().cumsum(-1) - 1).clamp(min=0)
