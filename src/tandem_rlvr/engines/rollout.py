@@ -38,7 +38,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from tandem_rlvr.engines import fastpath
+from tandem_rlvr.engines import fastpath, lean_qwen3
+from tandem_rlvr.engines.lean_qwen3 import LeanQwen3
 from tandem_rlvr.engines.fastpath import adapter_off_call, buffer_cache, gqa_attention
 from tandem_rlvr.engines.handoff import Schedule, over_rounds
 from tandem_rlvr.engines.serving import MODES
@@ -74,14 +75,33 @@ class _Decoder:
         else:
             cfg = getattr(model, "config", None)
             self.cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
+        lean_ok = fast and fastpath.LEAN and self.call is model and lean_qwen3.supports(model)
+        self.lean = LeanQwen3(model, B, P + n_new, P + min(n_new, 256)) if lean_ok else None
         self.plen_B1 = prompt_mask_BP.long().sum(-1, keepdim=True)
         self.steps = torch.arange(n_new, device=device)
         pos = (prompt_mask_BP.long().cumsum(-1) - 1).clamp(min=0)
-        self.logits_BV = self._forward(prompt_ids_BP, prompt_mask_BP, pos, 1)[:, -1, :]
+        if self.lean is not None:
+            self.logits_BV = self._lean_prefill(prompt_ids_BP, prompt_mask_BP, pos, pad_BL)
+        else:
+            self.logits_BV = self._forward(prompt_ids_BP, prompt_mask_BP, pos, 1)[:, -1, :]
         self.seen = 0
         self.logps_BT = torch.zeros(B, n_new, device=device)
 
+    def _lean_prefill(self, ids_BP, mask_BP, pos_BP, pad_BL) -> torch.Tensor:
+        """Read the prompts with the lean model, each distinct prompt once (a GRPO batch holds every prompt
+        ``group_size`` times); a padding position attends to itself (no empty softmax row)."""
+        self.lean.set_padding(pad_BL)
+        P = ids_BP.shape[1]
+        uniq, inv = torch.unique(torch.cat([ids_BP, mask_BP.long()], -1), dim=0, return_inverse=True)
+        ids_UP, real_UP = uniq[:, :P], uniq[:, P:].bool()
+        cols = torch.arange(P, device=ids_BP.device)
+        mask = (real_UP[:, None, None, :] & (cols[None, :] <= cols[:, None])) | (cols[None, :] == cols[:, None])
+        pos_UP = (real_UP.long().cumsum(-1) - 1).clamp(min=0)
+        return self.lean.forward(ids_UP, pos_UP, mask, 1, expand=inv)[:, -1, :]
+
     def _forward(self, ids, mask, pos, keep: int) -> torch.Tensor:
+        if self.lean is not None:
+            return self.lean.forward(ids, pos, mask, keep)
         out = self.call(input_ids=ids, attention_mask=mask, position_ids=pos,
                         past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self.cache = out.past_key_values
@@ -109,6 +129,13 @@ class _Decoder:
             if k > 0:
                 self.logps_BT[:, a + 1:a + 1 + k] = logp_of(logits[:, :k], ids_BT[:, a + 1:a + 1 + k], self.temperature)
             self.logits_BV, self.seen = logits[:, -1, :], b
+
+    def live(self, t: int, live_B: torch.Tensor) -> None:
+        """After step ``t``: rows still being written. The lean model stops computing finished rows once
+        this model has read every column before ``t`` (and recorded ``t``): a model that sat out steps
+        (catch-up) still has to score what those rows wrote before they finished."""
+        if self.lean is not None and self.seen >= t:
+            self.lean.drop_rows(live_B)
 
     def record(self, t: int, tok_B: torch.Tensor) -> None:
         if self.seen == t:
@@ -218,6 +245,8 @@ class _CoWrite:
         self.rounds = torch.where(self.done.cpu(), self.rounds, self.state.rounds_B)
         self.hit_eos = self.hit_eos | (torch.isin(tok, self.eos) & live)
         self.done = self.done | self.hit_eos | over_rounds(self.state.rounds_B, self.max_rounds).to(self.device)
+        for d in self.decs:
+            d.live(t, ~self.done)
         return bool(self.done.all())
 
     def run(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from tandem_rlvr.engines import fastpath
 from tandem_rlvr.engines.fastpath import gqa_attention
 from tandem_rlvr.engines.types import Rollout, token_logps
 
@@ -44,6 +45,53 @@ def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: flo
     r_ids = rollout.response_ids_BT[rows]
     inner = getattr(model, "module", model)  # DDP wraps the module; the attention switch lives on its config
     with gqa_attention(inner):
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                       logits_to_keep=r_ids.shape[1] + 1).logits
+        shared = _shared_prompts(model, rollout, rows, ids.device)
+        if shared is not None:
+            logits = _shared_prompt_logits(model, ids, mask, pos, r_ids.shape[1], *shared)
+        else:
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                           logits_to_keep=r_ids.shape[1] + 1).logits
     return token_logps(logits[:, :-1], r_ids, temperature=temperature)
+
+
+def _shared_prompts(model, rollout: Rollout, rows: torch.Tensor, device):
+    """``(distinct prompts (ids, mask), row -> prompt index)`` when no gradient is taken and ``model`` is a
+    full-attention decoder on a fast-path device, not DDP-wrapped; else None. A GRPO batch holds each
+    prompt ``group_size`` times. The choice never depends on the data: an FSDP-sharded model's forwards
+    are collective, so every process must take the same path (a batch without repeats costs one extra
+    forward call, not extra arithmetic).
+
+    Not under autograd: the update's forward stays one forward per micro-batch, so a run's weights do not
+    depend on the number of processes beyond float rounding (a DDP-wrapped model cannot take two
+    forwards per backward; the shared path's gradients add up in another order, ~1e-6 apart after two
+    steps, over the 1e-6 that tests/training/test_multiprocess.py allows)."""
+    if not fastpath.SHARED_PROMPTS or device.type not in fastpath.FAST_PATH_DEVICES or not fastpath.fast_ok(model):
+        return None
+    if getattr(model, "module", None) is not None or getattr(model, "is_gradient_checkpointing", False):
+        return None
+    if torch.is_grad_enabled():
+        return None
+    p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows].long()
+    uniq, inv = torch.unique(torch.cat([p_ids, p_mask], -1), dim=0, return_inverse=True)
+    P = p_ids.shape[1]
+    return uniq[:, :P], uniq[:, P:], inv
+
+
+def _shared_prompt_logits(model, ids, mask, pos, T: int, u_ids, u_mask, inv) -> torch.Tensor:
+    """The logits of the plain forward's last ``T + 1`` positions, with each distinct prompt read once: the
+    prompts' keys and values (and last logits) are computed per distinct prompt and indexed out to their
+    rows, then the responses read them from the cache. Same function: a prompt position never attends to
+    a response."""
+    from transformers import DynamicCache
+
+    P = u_ids.shape[1]
+    cfg = getattr(model, "config", None)
+    cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
+    u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
+    first = model(input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, past_key_values=cache,
+                  use_cache=True, logits_to_keep=1)
+    cache = first.past_key_values
+    cache.batch_select_indices(inv)
+    rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
+                 use_cache=True, logits_to_keep=T).logits
+    return torch.cat([first.logits[inv], rest], 1)

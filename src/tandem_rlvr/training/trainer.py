@@ -156,6 +156,7 @@ class Trainer:
         cfg, plan, G = self.cfg, self.plan, self.cfg.algo.group_size
         senior = self.acc.unwrap_model(self.senior)
         temp = cfg.rollout.temperature
+        t0 = time.perf_counter()
         with torch.no_grad():
             senior.eval()
             old = sequence_logps(senior, rollout, temp, cfg.algo.micro_batch)
@@ -164,6 +165,7 @@ class Trainer:
                 junior_lp = sequence_logps(self.junior, rollout, temp, cfg.algo.micro_batch)
         mask = loss_mask(rollout, plan)
         metrics = self._drift_metrics(old, junior_lp, rollout)
+        metrics["time/score_s"] = time.perf_counter() - t0  # teacher-forced old (and junior) log-probs
         senior.train()
         mb = cfg.mini_batch_prompts() * G // self.acc.num_processes
         acc_metrics: list[dict] = []

@@ -1,0 +1,191 @@
+"""A lean decoder for small Qwen3 causal LMs: the function of transformers' ``Qwen3ForCausalLM`` (same
+weights, same arithmetic up to floating-point order) without its per-layer module dispatch.
+
+On the built-in worlds' tiny Qwen3s (3 layers, 96 wide) a rollout forward is overhead-bound: a decode
+step of transformers' model calls ~40 modules and ~130 ops per token, each far costlier than its
+arithmetic (issue 37). :class:`LeanQwen3` reads the model's weights once per rollout (q, k and v fused
+into one matrix, gate and up into another), keeps a preallocated KV cache, looks RoPE up in a table
+built from the model's own ``inv_freq``, and runs each step as a short list of tensor ops; the
+attention is SDPA with the grouped-query heads passed natively (``enable_gqa``), as the engine's
+``gqa_attention`` does for transformers' forward.
+
+Only the rollout engine decodes with it (inference only, no autograd): the trainer's scoring and
+update forwards stay transformers' model. :func:`supports` says where it is exact: a plain
+``Qwen3ForCausalLM`` (no adapters, no quantisation) on CPU, full attention in every layer, default
+RoPE, SiLU MLP, no attention bias; anything else takes the engine's generic path.
+tests/engines/test_lean_qwen3.py checks logits against transformers' forward and whole rollouts
+against the generic path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LeanQwen3", "supports"]
+
+
+def supports(model) -> bool:
+    """Whether :class:`LeanQwen3` computes ``model``'s function exactly (up to float order)."""
+    if type(model).__name__ != "Qwen3ForCausalLM" or getattr(model, "peft_config", None):
+        return False
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "quantization_config", None) is not None:
+        return False
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    types = getattr(cfg, "layer_types", None) or []
+    try:
+        device = next(iter(model.parameters())).device
+    except StopIteration:
+        return False
+    if model.training and getattr(cfg, "attention_dropout", 0.0):  # transformers would drop attention weights
+        return False
+    return (device.type == "cpu" and cfg.hidden_act == "silu" and not cfg.attention_bias
+            and rope.get("rope_type", "default") == "default"
+            and all(t == "full_attention" for t in types)
+            and not (getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None))
+            and len(model.model.layers) == cfg.num_hidden_layers
+            and all(type(m).__name__ in ("Linear", "Embedding") for m in _weight_modules(model)))
+
+
+def _weight_modules(model):
+    yield model.model.embed_tokens
+    yield model.lm_head
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        yield from (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+
+
+class _Layer:
+    __slots__ = ("ln1", "qkv", "qn", "kn", "o", "ln2", "gu", "down", "k", "v")
+
+
+class LeanQwen3:
+    """``model``'s forward over a shared KV cache of ``batch`` rows and up to ``max_len`` positions.
+
+    The cache holds ``capacity`` positions at first (default ``max_len``) and grows by half when full.
+    :meth:`forward` takes ``ids_BQ`` (the next ``Q`` tokens of every row), their positions and a boolean
+    attention mask ``(B, 1, 1 or Q, n)`` over the ``n`` cache slots filled after this call (True =
+    attend), and returns the logits of the last ``keep`` of the ``Q`` tokens. The weights are read
+    when it is built (fused copies for q/k/v and gate/up): build one per rollout.
+    """
+
+    def __init__(self, model, batch: int, max_len: int, capacity: int | None = None):
+        cfg = model.config
+        m = model.model
+        self.eps = cfg.rms_norm_eps
+        self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.D ** -0.5  # Qwen3Attention.scaling
+        self.embed = m.embed_tokens.weight.detach()
+        self.norm = m.norm.weight.detach()
+        self.head = model.lm_head.weight.detach()
+        dtype, device = self.embed.dtype, self.embed.device
+        self.layers = []
+        for layer in m.layers:
+            a, mlp, L = layer.self_attn, layer.mlp, _Layer()
+            L.ln1, L.ln2 = layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()
+            L.qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+            L.qn, L.kn, L.o = a.q_norm.weight.detach(), a.k_norm.weight.detach(), a.o_proj.weight.detach()
+            L.gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+            L.down = mlp.down_proj.weight.detach()
+            L.k = torch.empty(batch, self.Hkv, min(max_len, capacity or max_len), self.D, dtype=dtype, device=device)
+            L.v = torch.empty_like(L.k)
+            self.layers.append(L)
+        rot = m.rotary_emb
+        freqs = torch.arange(max(max_len, 1), device=device).float()[:, None] * rot.inv_freq.float()[None, :]
+        emb = torch.cat([freqs, freqs], -1)
+        self.cos = (emb.cos() * rot.attention_scaling).to(dtype)
+        self.sin = (emb.sin() * rot.attention_scaling).to(dtype)
+        self.n, self.max_len = 0, max_len  # filled cache slots; the most there will be
+        self.B, self.rows = batch, None  # rows: the batch rows the cache still holds (None: all, in order)
+        self.add_BL = None
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * xf.to(x.dtype)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` cache slots: the cache grows by half its size (at least 64) when full."""
+        cap = self.layers[0].k.shape[2]
+        if n <= cap:
+            return
+        new = max(n, min(self.max_len, cap + max(cap // 2, 64)))
+        for L in self.layers:
+            for name in ("k", "v"):
+                old = getattr(L, name)
+                buf = old.new_empty(*old.shape[:2], new, old.shape[-1])
+                buf[:, :, :self.n] = old[:, :, :self.n]
+                setattr(L, name, buf)
+
+    def set_padding(self, pad_BL: torch.Tensor) -> None:
+        """The rows' padding over every cache slot (True = a real token): single-token steps then add a
+        precomputed ``-inf`` mask instead of converting a boolean one per layer."""
+        self.add_BL = torch.zeros(pad_BL.shape, dtype=self.embed.dtype, device=pad_BL.device).masked_fill_(
+            ~pad_BL, float("-inf"))
+
+    def drop_rows(self, live_B: torch.Tensor, below: float = 0.75) -> None:
+        """Stop computing the rows where ``live_B`` is False once fewer than ``below`` of the rows computed so
+        far are live (the cache is compacted then, not per step). Their logits are zeros from then on:
+        the caller must not use them (the engine replaces a finished row's tokens by padding)."""
+        rows = self.rows if self.rows is not None else torch.arange(self.B, device=live_B.device)
+        keep = live_B[rows].nonzero().squeeze(-1)
+        if keep.numel() == 0 or keep.numel() >= below * rows.numel():
+            return
+        self.rows = rows[keep]
+        for L in self.layers:
+            L.k, L.v = L.k[keep], L.v[keep]
+        if self.add_BL is not None:
+            self.add_BL = self.add_BL[keep]
+
+    def forward(self, ids_BQ: torch.Tensor, pos_BQ: torch.Tensor, mask: torch.Tensor, keep: int,
+                expand: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``(B, keep, V)``; see the class docstring. ``expand`` (first call only): ``ids_BQ`` are
+        the distinct prompts and row ``i`` of the batch is prompt ``expand[i]`` (read once, cached per row)."""
+        full = None
+        if self.rows is not None:
+            full, ids_BQ, pos_BQ = ids_BQ.shape[0], ids_BQ[self.rows], pos_BQ[self.rows]
+            mask = mask[self.rows] if mask.shape[0] == full else mask
+        B, Q = ids_BQ.shape
+        H, Hkv, D = self.H, self.Hkv, self.D
+        a, b = self.n, self.n + Q
+        if expand is not None and a:
+            raise ValueError("expand applies to the first forward (the prompts) only")
+        self._reserve(b)
+        grouped = Q == 1 and H != Hkv and self.add_BL is not None
+        if grouped:  # one query per head: the heads sharing a KV head become queries of that head
+            mask = self.add_BL[:, None, None, :b]
+        cos, sin = self.cos[pos_BQ][:, None], self.sin[pos_BQ][:, None]  # (B, 1, Q, D)
+        x = F.embedding(ids_BQ, self.embed)
+        for L in self.layers:
+            qkv = F.linear(self._rms(x, L.ln1), L.qkv).view(B, Q, H + 2 * Hkv, D)
+            q = self._rope(self._rms(qkv[:, :, :H], L.qn).transpose(1, 2), cos, sin)
+            k = self._rope(self._rms(qkv[:, :, H:H + Hkv], L.kn).transpose(1, 2), cos, sin)
+            v = qkv[:, :, H + Hkv:].transpose(1, 2)
+            L.k[:, :, a:b] = k if expand is None else k[expand]
+            L.v[:, :, a:b] = v if expand is None else v[expand]
+            if a:
+                k, v = L.k[:, :, :b], L.v[:, :, :b]
+            if grouped:
+                att = F.scaled_dot_product_attention(q.reshape(B, Hkv, H // Hkv, D), k, v, attn_mask=mask,
+                                                     scale=self.scale).reshape(B, Q, H * D)
+            else:
+                att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=H != Hkv)
+                att = att.transpose(1, 2).reshape(B, Q, H * D)
+            x = x + F.linear(att, L.o)
+            g, u = F.linear(self._rms(x, L.ln2), L.gu).chunk(2, -1)
+            x = x + F.linear(F.silu(g) * u, L.down)
+        self.n = b
+        x = x[:, Q - keep:]
+        logits = F.linear(self._rms(x if expand is None else x[expand], self.norm), self.head)
+        if full is None:
+            return logits
+        out = logits.new_zeros(full, *logits.shape[1:])
+        out[self.rows] = logits
+        return out

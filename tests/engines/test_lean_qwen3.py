@@ -1,0 +1,234 @@
+"""The CPU loop's fast paths (issue 37) compute what transformers computes:
+
+- ``engines.lean_qwen3``: logits against ``Qwen3ForCausalLM``'s forward (prefill, decode steps, a
+  multi-token window) on a random GQA Qwen3 with non-default RoPE theta and random q/k norms; whole
+  rollouts on the built-in world's Qwen3s (greedy: same tokens, owners and decisions token for token,
+  log-probs close) with the lean decoder on and off, lockstep and catch-up; finished rows dropped;
+- ``engines.scoring`` with shared prompts: log-probs against the one-forward path; off under autograd
+  under autograd, and the same whatever the batch holds.
+"""
+
+import copy
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from tandem_rlvr.engines import fastpath, lean_qwen3
+from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.lean_qwen3 import LeanQwen3, supports
+from tandem_rlvr.engines.rollout import generate
+from tandem_rlvr.engines.scoring import sequence_logps
+from tandem_rlvr.engines.types import Rollout, Sampling
+from helpers.tiny_models import make_tiny_model
+
+
+def _qwen3(**kw) -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rope_theta=1e6, pad_token_id=0,
+               tie_word_embeddings=False, attn_implementation="sdpa")
+    cfg.update(kw)
+    model = Qwen3ForCausalLM(Qwen3Config(**cfg)).eval()
+    with torch.no_grad():  # norms away from their all-ones init, so a skipped or misplaced norm shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.5 * torch.randn_like(p))
+    return model
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5 * max(scale, 1.0))
+
+
+def _left_padded(B: int, P: int, V: int, seed: int = 0, lens=None):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(P // 3, P + 1, (B,), generator=g) if lens is None else torch.tensor(lens)
+    lens[0] = P
+    mask = (torch.arange(P)[None] >= (P - lens)[:, None]).long()
+    ids = torch.randint(1, V, (B, P), generator=g).masked_fill(mask == 0, 0)
+    return ids, mask
+
+
+def test_supports_only_what_it_computes(tokenizer):
+    assert supports(_qwen3())
+    assert not supports(make_tiny_model(len(tokenizer), 0, 32))  # Qwen2 / Llama: transformers' path
+    assert not supports(_qwen3(attention_bias=True))
+    assert not supports(_qwen3(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}))
+    assert not supports(_qwen3(use_sliding_window=True, sliding_window=8, max_window_layers=0))
+    assert supports(_qwen3(attention_dropout=0.1)) and not supports(_qwen3(attention_dropout=0.1).train())
+
+
+def test_logits_match_transformers_prefill_decode_and_window():
+    model = _qwen3()
+    B, P, N = 5, 12, 9
+    p_ids, p_mask = _left_padded(B, P, model.config.vocab_size)
+    new = torch.randint(1, model.config.vocab_size, (B, N), generator=torch.Generator().manual_seed(1))
+    ids, mask = torch.cat([p_ids, new], 1), torch.cat([p_mask, torch.ones(B, N, dtype=torch.long)], 1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    real = mask.bool()
+    with torch.inference_mode():
+        ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        lean = LeanQwen3(model, B, P + N, capacity=P + 1)  # the cache grows at the second decode step
+        lean.set_padding(real)
+        cols = torch.arange(P + N)
+        causal = cols[None, :] <= cols[:, None]
+        m4 = (real[:, None, None, :] & causal) | torch.eye(P + N, dtype=torch.bool)
+        out = lean.forward(p_ids, pos[:, :P], m4[..., :P, :P], P)  # prefill
+        _close(out[real[:, :P]], ref[:, :P][real[:, :P]])
+        for t in range(P, P + 4):  # single-token decode steps (grouped-query attention, additive mask)
+            _close(lean.forward(ids[:, t:t + 1], pos[:, t:t + 1], m4[..., t:t + 1, :t + 1], 1)[:, 0], ref[:, t])
+        w = slice(P + 4, P + N)  # a multi-token window (catch-up)
+        _close(lean.forward(ids[:, w], pos[:, w], m4[..., w, :P + N], N - 4), ref[:, w])
+
+
+def test_prefill_of_repeated_prompts_reads_each_once():
+    model = _qwen3()
+    p_ids, p_mask = _left_padded(3, 10, model.config.vocab_size)
+    inv = torch.tensor([0, 0, 1, 2, 2, 1])
+    with torch.inference_mode():
+        ref = model(input_ids=p_ids[inv], attention_mask=p_mask[inv],
+                    position_ids=(p_mask[inv].cumsum(-1) - 1).clamp(min=0)).logits[:, -1]
+        lean = LeanQwen3(model, len(inv), 16)
+        cols = torch.arange(10)
+        m4 = (p_mask.bool()[:, None, None, :] & (cols[None, :] <= cols[:, None])) | torch.eye(10, dtype=torch.bool)
+        out = lean.forward(p_ids, (p_mask.cumsum(-1) - 1).clamp(min=0), m4, 1, expand=inv)[:, -1]
+        _close(out, ref)
+        keys = lean.layers[0].k[:, :, :10]
+        torch.testing.assert_close(keys[0], keys[1], rtol=0, atol=0)
+        assert not torch.equal(keys[0], keys[2])
+
+
+def test_dropped_rows_leave_the_live_rows_unchanged():
+    model = _qwen3()
+    B, P, N = 6, 8, 5
+    p_ids, p_mask = _left_padded(B, P, model.config.vocab_size, seed=3, lens=[8, 3, 5, 8, 4, 2])
+    new = torch.randint(1, model.config.vocab_size, (B, N), generator=torch.Generator().manual_seed(4))
+    pad = torch.ones(B, P + N, dtype=torch.bool)
+    pad[:, :P] = p_mask.bool()
+    pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+    plen = p_mask.sum(-1, keepdim=True)
+    cols = torch.arange(P)
+    m4 = (pad[:, None, None, :P] & (cols[None, :] <= cols[:, None])) | torch.eye(P, dtype=torch.bool)
+    live = torch.tensor([True, False, True, False, False, True])
+    outs = []
+    with torch.inference_mode():
+        for drop in (False, True):
+            lean = LeanQwen3(model, B, P + N)
+            lean.set_padding(pad)
+            lean.forward(p_ids, pos, m4, 1)
+            steps = []
+            for t in range(3):  # single-token steps; rows dropped before the third
+                if drop and t == 2:
+                    lean.drop_rows(live)
+                steps.append(lean.forward(new[:, t:t + 1], plen + t, pad[:, None, None, :P + t + 1], 1))
+            allc = torch.arange(P + N)  # then a window of the remaining columns (catch-up), a boolean mask
+            q = allc[P + 3:]
+            m = pad[:, None, None, :] & (allc[None, :] <= q[:, None])[None, None]
+            steps.append(lean.forward(new[:, 3:], plen + torch.arange(3, N), m, N - 3))
+            outs.append(torch.cat(steps, 1))
+    assert lean.rows.tolist() == [0, 2, 5]
+    _close(outs[1][live], outs[0][live])
+    assert torch.equal(outs[1][~live, 2:], torch.zeros_like(outs[1][~live, 2:]))
+
+
+@pytest.fixture(scope="module")
+def world_batch(world):
+    """The built-in world's tokenizer, senior and weak junior (the conftest's temporary install) and a
+    left-padded batch of 4 training prompts, each 3 times."""
+    from tandem_rlvr.data import encode_prompts, load_examples
+    from tandem_rlvr.engines.base import PromptBatch
+    from tandem_rlvr.models import load_causal_lm, load_tokenizer
+
+    paths = world[0]
+    tok = load_tokenizer(str(paths.senior_dir))
+    examples = load_examples("world/train")[:4]
+    _, enc = encode_prompts(tok, examples)
+    rows = [e for e in enc for _ in range(3)]  # a GRPO batch: every prompt group_size times
+    prompts = PromptBatch.left_padded(rows, tok.pad_token_id)
+    senior, junior = load_causal_lm(str(paths.senior_dir)).eval(), load_causal_lm(str(paths.junior_dir)).eval()
+    assert supports(senior) and supports(junior)
+    return tok, senior, junior, prompts
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "catchup", "record"])
+def test_greedy_tandem_rollouts_equal_with_and_without_the_lean_decoder(world_batch, mode, monkeypatch):
+    """``record``: a senior solo rollout in catch-up mode whose junior only records, i.e. reads the whole
+    response in windows after rows have finished (and been dropped)."""
+    tok, senior, junior, prompts = world_batch
+    schedule = make_schedule("none") if mode == "record" else make_schedule("word", tok, p=0.5, max_gap=32)
+    kw = {"mode": "catchup", "record_junior": True} if mode == "record" else {"mode": mode}
+    out = {}
+    for lean in (False, True):
+        monkeypatch.setattr(fastpath, "LEAN", lean)
+        out[lean] = generate(senior, junior, prompts.ids_BP, prompts.mask_BP, schedule,
+                             Sampling(max_new_tokens=112, temperature=0), eos_token_ids=[tok.eos_token_id],
+                             pad_token_id=tok.pad_token_id, seed=3, **kw)
+    old, new = out[False], out[True]
+    lengths = old.response_mask_BT.sum(-1)
+    assert lengths.min() < lengths.max(), "the batch must finish rows at different steps (dropped rows)"
+    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "turn_author_BT", "rounds_B", "finished_B"):
+        assert torch.equal(getattr(new, name), getattr(old, name)), name
+    if mode != "record":
+        assert 0 < float(old.owner_BT.sum()) < float(old.response_mask_BT.sum())
+    _close(new.senior_logps_BT, old.senior_logps_BT)
+    _close(new.junior_logps_BT, old.junior_logps_BT)
+
+
+def test_lean_decoder_is_used_on_qwen3(world_batch, monkeypatch):
+    tok, senior, _, prompts = world_batch
+    calls = []
+    monkeypatch.setattr(lean_qwen3.LeanQwen3, "forward",
+                        lambda self, *a, _f=lean_qwen3.LeanQwen3.forward, **k: calls.append(1) or _f(self, *a, **k))
+    generate(senior, None, prompts.ids_BP, prompts.mask_BP, make_schedule("none"), Sampling(max_new_tokens=4),
+             eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    assert len(calls) == 4
+
+
+def _rollout(prompt_ids, prompt_mask, V: int, T: int, seed: int = 0) -> Rollout:
+    g = torch.Generator().manual_seed(seed)
+    B = prompt_ids.shape[0]
+    lens = torch.randint(1, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None] < lens[:, None]).long()
+    ids = torch.randint(1, V, (B, T), generator=g).masked_fill(mask == 0, 0)
+    return Rollout(prompt_ids_BP=prompt_ids, prompt_mask_BP=prompt_mask, response_ids_BT=ids, response_mask_BT=mask,
+                   owner_BT=mask, senior_logps_BT=torch.zeros(B, T), junior_logps_BT=None,
+                   rounds_B=torch.ones(B, dtype=torch.long), finished_B=torch.ones(B, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2"])
+def test_shared_prompt_scoring_equals_one_forward(kind, tokenizer, monkeypatch):
+    model = _qwen3() if kind == "qwen3" else make_tiny_model(len(tokenizer), 0, 32)
+    V = model.config.vocab_size
+    p_ids, p_mask = _left_padded(3, 9, V, seed=5)
+    rows = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+    ro = _rollout(p_ids[rows], p_mask[rows], V, 7)
+    forwards = []
+    model.register_forward_hook(lambda *a: forwards.append(1))
+    res = {}
+    for shared in (False, True):
+        monkeypatch.setattr(fastpath, "SHARED_PROMPTS", shared)
+        forwards.clear()
+        with torch.no_grad():
+            res[shared] = sequence_logps(model, ro, 0.7), len(forwards)
+    (lp0, n0), (lp1, n1) = res[False], res[True]
+    assert (n0, n1) == (1, 2)  # the shared path ran: the prompts once, then the responses
+    m = ro.response_mask_BT.bool()
+    _close(lp1[m], lp0[m])
+
+
+def test_shared_prompts_stay_off_under_autograd_and_never_depend_on_the_data(tokenizer):
+    """The update's forward (autograd) stays one forward, as under DDP; without autograd the path does not
+    depend on the batch (an FSDP-sharded model's forwards are collective: every process must take the
+    same path), so distinct prompts take it too."""
+    model = make_tiny_model(len(tokenizer), 0, 32)
+    p_ids, p_mask = _left_padded(4, 6, model.config.vocab_size)
+    forwards = []
+    model.register_forward_hook(lambda *a: forwards.append(1))
+    for rows, grad, n in (([0, 0, 1, 1], True, 1), ([0, 1, 2, 3], False, 2)):
+        ro = _rollout(p_ids[rows], p_mask[rows], model.config.vocab_size, 5)
+        forwards.clear()
+        with torch.set_grad_enabled(grad):
+            sequence_logps(model, ro, 1.0)
+        assert len(forwards) == n, (rows, grad)
