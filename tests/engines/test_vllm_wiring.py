@@ -289,8 +289,8 @@ def test_sleep_mode_gives_memory_to_the_update_and_wakes_for_the_push(tmp_path, 
     assert llm.log == step + step
 
 
-class FaultyDual(DualStandIn):
-    """A dual stand-in whose ``generate`` raises, or hangs, from its ``at``-th call on."""
+class _Faulty:
+    """A stand-in engine whose ``generate`` raises, or hangs, from its ``at``-th call on (mixed in first)."""
 
     def __init__(self, *a, fault: str, at: int):
         import threading
@@ -308,16 +308,16 @@ class FaultyDual(DualStandIn):
         return super().generate(reqs, params, use_tqdm)
 
 
-class FaultySolo(SoloStandIn):
-    """A solo stand-in whose ``generate`` raises, or hangs, from its ``at``-th call on; pushes reach its model
-    through a stand-in of vLLM's worker."""
+class FaultyDual(_Faulty, DualStandIn):
+    """A dual stand-in that raises, or hangs, from its ``at``-th call on."""
+
+
+class FaultySolo(_Faulty, SoloStandIn):
+    """A solo stand-in that raises, or hangs, from its ``at``-th call on; pushes reach its model through a
+    stand-in of vLLM's worker."""
 
     def __init__(self, *a, fault: str, at: int):
-        import threading
-
-        super().__init__(*a)
-        self.fault, self.at, self.calls = fault, at, 0
-        self.release = threading.Event()
+        super().__init__(*a, fault=fault, at=at)
         self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
             reload_weights=self._reload)))
 
@@ -326,14 +326,6 @@ class FaultySolo(SoloStandIn):
 
     def reset_prefix_cache(self):
         pass
-
-    def generate(self, reqs, params, use_tqdm=False):
-        self.calls += 1
-        if self.calls >= self.at:
-            if self.fault == "hang":
-                self.release.wait(60)
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return super().generate(reqs, params, use_tqdm)
 
 
 @pytest.mark.parametrize("arm", ["trlvr", "grpo"])
