@@ -1,5 +1,6 @@
 """Resume after SIGKILL is bit-exact: same senior weights and metrics rows as an uninterrupted run."""
 
+import json
 import os
 import random
 import signal
@@ -56,11 +57,14 @@ def test_sigkill_three_times_then_resume_is_bit_exact(tmp_path, model_dirs):
     # 1: during a checkpoint write (a .tmp-step-* directory exists)
     p = _run(kill_cfg, env=_env())
     killed += _kill_when(p, lambda: ckpts.exists() and any(d.name.startswith(".tmp-") for d in ckpts.iterdir()))
-    # 2 and 3: at a random moment once the resumed run has logged a new step
+    # 2 and 3: at a random moment within the step after the resumed run has logged a new one (the moment
+    # scaled to this machine's step time, so a fast machine cannot finish the run first)
+    ref_log = (tmp_path / "ref" / "run" / "metrics.jsonl").read_text().splitlines()
+    step_s = sorted(json.loads(r)["time/step_s"] for r in ref_log)[steps // 2]
     for _ in range(2):
         before = _n_rows(run)
         p = _run(kill_cfg, env=_env())
-        delay, seen = rng.uniform(0.0, 0.4), []
+        delay, seen = rng.uniform(0.0, 0.8) * step_s, []
 
         def progressed():
             if not seen and _n_rows(run) > before:
