@@ -45,6 +45,7 @@ def test_paper_training_config_holds_the_method_values(name):
     # authors' verl runs used; issue 36
     assert a.weight_decay == 0.01, "verl's AdamW weight decay (actor optim.weight_decay: 0.01)"
     assert a.kl_beta == (1e-3 if name == "kl_reg" else 0.0)
+    assert a.kl_clamp == 10.0, "verl's kl_penalty('low_var_kl') clamps k3 to +-10 (verl/trainer/ppo/core_algos.py)"
     assert (t.prompts_per_step, a.mini_batch_prompts) == (16, 8)
     assert t.prompts_per_step // a.mini_batch_prompts == 2, "two optimizer updates per step"
     assert (r.temperature, r.top_p, r.top_k, r.max_prompt_tokens, r.max_new_tokens) == (0.6, 1.0, 0, 1024, 3000)

@@ -63,6 +63,7 @@ class AlgoConfig:
     loss_type: str = _f("grpo", "Aggregation: grpo (per-sequence mean, then batch mean), dapo (token mean over the step's tokens) or dr_grpo (sum / (B*max_len)).", choices=LOSS_TYPES)
     normalize_std: bool = _f(True, "Divide advantages by the group std (False = Dr. GRPO).")
     kl_beta: float = _f(0.0, "Weight of the k3 KL(senior || junior) term; > 0 required for kl_reg, 0 for the others.", ge=0)
+    kl_clamp: float = _f(0.0, "Clamp each token's k3 KL to at most this value (its log-ratio first to +-20), as verl's low_var_kl does with 10 in the paper authors' runs (a token held by the clamp gets no KL gradient); 0 = no clamp, the plain k3 of the method.", ge=0)
     clip_eps: float = _f(0.2, "PPO clip epsilon (lower side; the upper side too unless clip_eps_high is set).", gt=0, lt=1)
     clip_eps_high: float | None = _f(None, "Upper clip epsilon (DAPO clip-higher); None = clip_eps.", gt=0)
     lr: float = _f(1e-6, "AdamW learning rate.", gt=0)

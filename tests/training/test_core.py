@@ -136,10 +136,13 @@ def test_k3_by_hand():
 
 
 def test_k3_is_clamped_to_10_as_verl_low_var_kl():
-    """verl/trainer/ppo/core_algos.py kl_penalty("low_var_kl"): q - p clamped to [-20, 20], k3 to [-10, 10]."""
+    """verl/trainer/ppo/core_algos.py kl_penalty("low_var_kl"): q - p clamped to [-20, 20], k3 to [-10, 10]
+    (``clamp=10``, the paper configs' algo.kl_clamp); without a clamp, the plain k3."""
+    q0 = torch.tensor([[3.0, -12.0]])
+    torch.testing.assert_close(k3_kl(torch.zeros(1, 2), q0), torch.tensor([[math.exp(3) - 4, math.exp(-12) + 11]]))
     p = torch.zeros(1, 4, requires_grad=True)
     q = torch.tensor([[2.0, 3.0, -12.0, 200.0]])
-    kl = k3_kl(p, q)
+    kl = k3_kl(p, q, clamp=10.0)
     # q - p = 2:   e^2 - 2 - 1 = 7.389056 - 3 = 4.389056 (below 10: unclamped)
     # q - p = 3:   e^3 - 3 - 1 = 20.085537 - 4 = 16.085537 -> 10
     # q - p = -12: e^-12 + 12 - 1 = 11.000006 -> 10

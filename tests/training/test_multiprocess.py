@@ -19,8 +19,11 @@ from safetensors.torch import load_file
 
 from helpers.paths import TESTS
 from helpers.failures import fatal_section
-from helpers.processes import APPROX
+from helpers.processes import APPROX, free_port
 from helpers.run_files import write_config
+
+# they start processes of their own: one worker runs them all, one after another (scripts/test.sh)
+pytestmark = pytest.mark.xdist_group("processes")
 
 def _launch(cfg, n_proc, mixed_precision="no"):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
@@ -31,7 +34,7 @@ def _launch(cfg, n_proc, mixed_precision="no"):
     else:
         launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
         cmd = [launcher, "launch", "--multi_gpu", "--num_processes", str(n_proc), "--num_machines", "1",
-               "--mixed_precision", mixed_precision, "--dynamo_backend", "no", "--main_process_port", "29533",
+               "--mixed_precision", mixed_precision, "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                "-m", "tandem_rlvr", "train", str(cfg)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, fatal_section(res.stderr)

@@ -194,7 +194,8 @@ def test_train_loss_is_policy_loss_over_senior_tokens(step):
             loss, _ = core.policy_loss(
                 c["logps"], c["old"], adv[r:r + 1], mask[r:r + 1], loss_type=a.loss_type, clip_eps=a.clip_eps,
                 clip_eps_high=a.clip_eps_high, kl_beta=beta, ref_logps_BT=c["ref"] if beta > 0 else None,
-                num_tokens=n_tok, max_len=max_len, allow_empty=True)
+                num_tokens=n_tok, max_len=max_len, kl_clamp=a.kl_clamp, allow_empty=True)
+            assert c["kw"]["kl_clamp"] == a.kl_clamp == 10.0, "the paper configs' k3 clamp reaches the loss"
             total += float(loss) * (1.0 if a.loss_type in TOKEN_MEAN else 1.0 / len(rows))
         per_mb.append(total)
     want = sum(per_mb) / len(per_mb)

@@ -15,8 +15,9 @@ Conventions matched to TRL 1.16 ``GRPOTrainer`` (checked by ``tests/test_trl_par
 * ``dapo`` divides the masked token sum by a caller-given (global) token count; TRL's normaliser is
   ``num_items_in_batch / num_processes * grad_accum / steps_per_generation``, pass that as ``num_tokens``;
 * ``dr_grpo`` divides by ``B * max_len`` (TRL: ``max_completion_length``);
-* the KL term is k3 with ``q - p = ref - policy``, added per token *after* clipping, before aggregation,
-  clamped to at most 10 per token as verl's ``low_var_kl`` (TRL does not clamp; the two agree below 10);
+* the KL term is k3 with ``q - p = ref - policy``, added per token *after* clipping, before aggregation;
+  ``kl_clamp=10`` clamps it as verl's ``low_var_kl`` does (the paper's authors ran verl; TRL does not clamp,
+  and the two agree below the clamp);
   TRL's default ``use_bias_correction_kl=True`` (KL times the ratio) is available as ``kl_is_correction``;
 * ``clip_frac`` counts TRL's "region" clipping: ``(ratio < 1-eps and A < 0) or (ratio > 1+eps_high and A > 0)``.
 """
@@ -107,21 +108,23 @@ def group_advantages(
     return adv_GN.reshape(-1), metrics
 
 
-K3_LOG_RATIO_CLAMP = 20.0  # verl's kl_penalty("low_var_kl"): q - p clamped to +-20 before exp ...
-K3_CLAMP = 10.0  # ... and the k3 value to +-10 (verl/trainer/ppo/core_algos.py)
+K3_LOG_RATIO_CLAMP = 20.0  # verl's kl_penalty("low_var_kl") clamps q - p to +-20 before exp (and k3 to +-10)
 
 
-def k3_kl(logps_BT: Tensor, ref_logps_BT: Tensor) -> Tensor:
-    """Per-token k3 estimator of KL(policy || ref): ``exp(q - p) - (q - p) - 1`` (p policy, q reference),
-    clamped as verl's ``low_var_kl`` clamps it: ``q - p`` to [-20, 20] (no ``exp`` overflow, so no
-    ``0 * inf`` NaN in the backward) and the value to [-10, 10].
+def k3_kl(logps_BT: Tensor, ref_logps_BT: Tensor, clamp: float | None = None) -> Tensor:
+    """Per-token k3 estimator of KL(policy || ref): ``exp(q - p) - (q - p) - 1`` (p policy, q reference).
 
-    Non-negative, zero iff ``p == q``; its gradient w.r.t. ``p`` is ``1 - exp(q - p)`` where the value is
-    below 10, and 0 where the clamp holds it (a token whose log-ratio passes ~ +2.53 or ~ -11).
+    Non-negative, zero iff ``p == q``; its gradient w.r.t. ``p`` is ``1 - exp(q - p)``. With ``clamp``
+    (verl's ``low_var_kl`` uses 10), ``q - p`` is first clamped to [-20, 20] (no ``exp`` overflow, so no
+    ``0 * inf`` NaN in the backward) and the value to [-clamp, clamp]: a token held by the clamp gets no
+    gradient (for 10: a log-ratio past ~ +2.53 or ~ -11).
     """
     _check_same_shape(ref_logps_BT, logps_BT, "ref_logps_BT")
-    diff = torch.clamp(ref_logps_BT - logps_BT, min=-K3_LOG_RATIO_CLAMP, max=K3_LOG_RATIO_CLAMP)
-    return torch.clamp(torch.exp(diff) - diff - 1.0, min=-K3_CLAMP, max=K3_CLAMP)
+    diff = ref_logps_BT - logps_BT
+    if not clamp:
+        return torch.exp(diff) - diff - 1.0
+    diff = torch.clamp(diff, min=-K3_LOG_RATIO_CLAMP, max=K3_LOG_RATIO_CLAMP)
+    return torch.clamp(torch.exp(diff) - diff - 1.0, min=-clamp, max=clamp)
 
 
 def aggregate(
@@ -220,6 +223,7 @@ def policy_loss(
     num_tokens: int | float | Tensor | None = None,
     max_len: int | None = None,
     kl_is_correction: bool = False,
+    kl_clamp: float | None = None,
     allow_empty: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate (+ optional k3 KL), aggregated over the masked tokens by ``loss_type``.
@@ -228,7 +232,8 @@ def policy_loss(
     ``l = -min(r * A, clip(r, 1 - clip_eps, 1 + eps_h) * A) + kl_beta * k3(p, p_ref)``,
     then ``loss = aggregate(l, mask_BT, loss_type)``. ``kl_is_correction=True`` weights the KL term by the
     (differentiable, unclipped) ratio ``r * k3`` (DeepSeek-V3.2; TRL 1.16's ``use_bias_correction_kl``,
-    which TRL turns on by default); the default is the plain ``beta * k3`` of the method.
+    which TRL turns on by default); the default is the plain ``beta * k3`` of the method. ``kl_clamp``
+    clamps k3 per token (:func:`k3_kl`; verl's ``low_var_kl``: 10).
     ``old_logps_BT``, ``ref_logps_BT`` and ``adv_B`` are treated as constants (detached). Positions outside
     the mask are excluded *before* any exp, so they get exactly zero gradient and cannot overflow, whatever
     values they hold.
@@ -254,7 +259,7 @@ def policy_loss(
     per_token_BT, kl_BT = pg_BT, None
     if ref_logps_BT is not None:
         ref_BT = ref_logps_BT.detach()
-        kl_BT = k3_kl(torch.where(mask_b, logps_BT, ref_BT), ref_BT)
+        kl_BT = k3_kl(torch.where(mask_b, logps_BT, ref_BT), ref_BT, kl_clamp)
         if kl_beta > 0:
             per_token_BT = pg_BT + kl_beta * (ratio_BT * kl_BT if kl_is_correction else kl_BT)
     agg = dict(loss_type=loss_type, num_tokens=num_tokens, max_len=max_len)

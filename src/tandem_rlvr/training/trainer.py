@@ -192,7 +192,7 @@ class Trainer:
                 logps, old[r], adv_B[r], mask[r], loss_type=cfg.algo.loss_type, clip_eps=cfg.algo.clip_eps,
                 clip_eps_high=cfg.algo.clip_eps_high, kl_beta=plan.kl_beta,
                 ref_logps_BT=junior_lp[r] if plan.kl_beta > 0 else None,
-                num_tokens=n_tok, max_len=max_len, allow_empty=True,
+                num_tokens=n_tok, max_len=max_len, kl_clamp=cfg.algo.kl_clamp or None, allow_empty=True,
             )
             weight, share = core.chunk_weight(cfg.algo.loss_type, len(r), len(rows), n_proc)
             with dist.no_sync_unless_last(self.acc, self.senior, i == len(chunks) - 1):
@@ -216,7 +216,8 @@ class Trainer:
         sm = rollout.response_mask_BT.float() * rollout.owner_BT.float()
         n = max(1.0, dist.reduce_scalar(self.acc, float(sm.sum()), "sum"))
         mc = dist.reduce_scalar(self.acc, float(((old_BT - junior_BT) * sm).sum()), "sum")
-        k3 = dist.reduce_scalar(self.acc, float((core.k3_kl(old_BT, junior_BT) * sm).sum()), "sum")
+        k3_BT = core.k3_kl(old_BT, junior_BT, self.cfg.algo.kl_clamp or None)
+        k3 = dist.reduce_scalar(self.acc, float((k3_BT * sm).sum()), "sum")
         return {"kl/senior_junior": mc / n, "kl/senior_junior_k3": k3 / n}
 
     def _clip_and_step(self) -> float:
