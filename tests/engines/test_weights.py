@@ -19,8 +19,6 @@ from transformers import AutoModelForCausalLM
 from tandem_rlvr.engines.weights import engine_weights, fsdp_units
 from tandem_rlvr.training import fsdp
 
-# they start processes of their own: one worker runs them all, one after another (scripts/test.sh)
-pytestmark = pytest.mark.xdist_group("processes")
 dist.init_process_group("gloo")
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 ref = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -25,9 +25,6 @@ from tandem_rlvr import integrity
 from tandem_rlvr.training import checkpoint, preempt
 from tandem_rlvr.cli import main
 
-# they start processes of their own: one worker runs them all, one after another (scripts/test.sh)
-pytestmark = pytest.mark.xdist_group("processes")
-
 REWARD = {"reward": "helpers.rewards_for_tests:length_reward"}
 
 

@@ -22,9 +22,6 @@ from helpers.failures import fatal_section
 from helpers.processes import APPROX, free_port
 from helpers.run_files import write_config
 
-# they start processes of their own: one worker runs them all, one after another (scripts/test.sh)
-pytestmark = pytest.mark.xdist_group("processes")
-
 def _launch(cfg, n_proc, mixed_precision="no"):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONFAULTHANDLER="1")  # an abort prints every thread's Python stack

@@ -16,9 +16,6 @@ from safetensors.torch import load_file
 from helpers.paths import TESTS
 from helpers.run_files import count_metrics_rows as _n_rows, metrics_rows as _rows, write_config
 
-# they start processes of their own: one worker runs them all, one after another (scripts/test.sh)
-pytestmark = pytest.mark.xdist_group("processes")
-
 
 def _run(cfg, *extra, env=None):
     cmd = [sys.executable, "-m", "tandem_rlvr", "train", str(cfg), *extra]
