@@ -14,7 +14,6 @@ refused outright.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -24,6 +23,7 @@ import yaml
 from tandem_rlvr.training import checkpoint as ckpt_mod
 from tandem_rlvr import integrity
 from tandem_rlvr.config import Config, save_config
+from tandem_rlvr.config_bounds import run_dir_problem
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_text, read_jsonl
 from tandem_rlvr.training import runlock
@@ -98,12 +98,9 @@ def open_run(run_dir: Path, cfg: Config, restart: bool) -> tuple[runlock.RunLock
 def _check_restart(run_dir: Path) -> None:
     """Refuse a restart of ``/``, the home or current directory (or an ancestor of either), or of a
     directory holding anything a run does not write (:func:`first_foreign`)."""
-    target = Path(os.path.abspath(run_dir)).resolve()
-    for what, protected in (("the current directory", Path.cwd()), ("the home directory", Path.home())):
-        protected = protected.resolve()
-        if target == protected or target in protected.parents:
-            raise TandemError(f"--restart would delete {str(run_dir)!r}, which is {what} or holds it "
-                              f"({target}): refused; set train.out_dir to a run's own directory")
+    problem = run_dir_problem(str(run_dir))  # the config's own check, again here: a library caller may skip it
+    if problem is not None:
+        raise TandemError(f"--restart refused: train.out_dir {problem}")
     foreign = first_foreign(run_dir)
     if foreign is not None:
         raise TandemError(f"--restart refused: {str(run_dir)!r} holds {str(foreign)!r}, which no run writes; "
