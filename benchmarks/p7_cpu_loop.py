@@ -10,7 +10,9 @@ from a fresh copy of the warm start and runs the same steps; the sides alternate
   transformers' ``Qwen3ForCausalLM`` (the engine's buffer KV cache and GQA-in-SDPA), as on main;
 - **new**: both on: the rollout decodes with :mod:`tandem_rlvr.engines.lean_qwen3` (prompts read once
   per distinct prompt, finished rows dropped) and the no-grad teacher-forced scoring reads each
-  distinct prompt once (still transformers' model; the update's forward is unchanged).
+  distinct prompt once (still transformers' model; the update's forward is unchanged), and the PPO
+  ratio's old log-probs are the ones the rollout recorded (``algo.old_logps=auto``; the old loop:
+  ``recompute``, one teacher-forced pass of the senior per step).
 
 Phases, in CPU seconds of this process (wall time on a shared machine also counts other jobs' turns):
 ``rollout`` (``Trainer.rollout``), ``reward`` (``Trainer.rewards``; the answers are checked in the
@@ -95,6 +97,7 @@ def _side(world, arm: str, plan, steps: int, lean: bool) -> tuple[dict, list]:
     try:
         with tempfile.TemporaryDirectory() as d:
             tr = _trainer(world, arm, plan, Path(d) / "run")
+            tr.cfg.algo.old_logps = "auto" if lean else "recompute"
             for name, phase in (("rollout", "rollout"), ("rewards", "reward"), ("update", "update"),
                                 ("train_step", "total")):
                 setattr(tr, name, timed(getattr(tr, name), phase))

@@ -186,3 +186,63 @@ def test_non_finite_gradients_skip_the_update_and_count_in_a_row(tmp_path, token
     assert math.isfinite(tr._clip_and_step()) and tr.nonfinite_run == 0
     assert all(not torch.equal(a, p) for a, p in zip(before, params))
     assert all(p.grad is None for p in params)  # gradients freed after the step
+
+
+def _count_scoring(monkeypatch):
+    from tandem_rlvr.engines import scoring
+
+    calls = []
+    real = scoring._forward_logps
+    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t: calls.append(torch.is_grad_enabled())
+                        or real(m, ro, rows, t))
+    return calls
+
+
+@pytest.mark.parametrize("arm,beta", [("trlvr", 0.0), ("grpo", 0.0), ("kl_reg", 0.05)])
+def test_old_logps_from_the_rollout_give_the_recomputed_update(tmp_path, tokenizer, trainer_parts, monkeypatch,
+                                                               arm, beta):
+    """algo.old_logps=rollout takes the in-process engine's recorded log-probs (no no-grad senior forward)
+    and gives the update of recompute (one teacher-forced pass) up to floating-point order: the same
+    loss, gradient norm, clip fraction and drift metrics, with two mini-batches so the second one's
+    ratio is away from 1."""
+    calls = _count_scoring(monkeypatch)
+    over = (f"algo.arm={arm}", f"algo.kl_beta={beta}", "algo.mini_batch_prompts=2", "algo.lr=3e-2")
+    fresh = _one_step(tmp_path / "r", tokenizer, trainer_parts, *over, "algo.old_logps=recompute")
+    no_grad_recompute = calls.count(False)
+    calls.clear()
+    reused = _one_step(tmp_path / "o", tokenizer, trainer_parts, *over, "algo.old_logps=rollout")
+    assert no_grad_recompute >= 1
+    # only the junior's pass of a solo rollout (its drift metrics and kl_reg's KL), which records none
+    assert calls.count(False) == (0 if arm == "trlvr" else 1)
+    keys = [k for k in fresh if k.startswith(("train/", "kl/")) and k != "train/lr"]
+    assert {"train/loss", "train/grad_norm"} <= set(keys)
+    for k in keys:
+        scale = max(abs(fresh[k]), 1e-3)
+        assert reused[k] == pytest.approx(fresh[k], abs=1e-4 * scale + 1e-6), k
+    assert abs(fresh["train/loss"]) > 1e-4
+
+
+def test_old_logps_auto_reuses_float32_rollouts_and_recomputes_otherwise(tmp_path, tokenizer, trainer_parts,
+                                                                        monkeypatch):
+    """auto: the recorded log-probs for a float32 senior; one teacher-forced pass when the engine recorded
+    none; rollout with an engine that recorded none is a clear error naming the key."""
+    import dataclasses
+
+    from tandem_rlvr.errors import TandemError
+
+    calls = _count_scoring(monkeypatch)
+    _one_step(tmp_path / "a", tokenizer, trainer_parts)
+    assert calls.count(False) == 0
+
+    def unrecorded(tr):
+        real = tr.engine.generate_many
+
+        def gen(*a, **kw):
+            return [dataclasses.replace(r, logps_recorded=False) for r in real(*a, **kw)]
+        tr.engine.generate_many = gen
+
+    calls.clear()
+    _one_step(tmp_path / "b", tokenizer, trainer_parts, spy=unrecorded)
+    assert calls.count(False) >= 1
+    with pytest.raises(TandemError, match="algo.old_logps=rollout"):
+        _one_step(tmp_path / "c", tokenizer, trainer_parts, "algo.old_logps=rollout", spy=unrecorded)

@@ -269,4 +269,5 @@ class _CoWrite:
             junior_logps_BT=(self.j_dec.logps_BT[:, :T] * alive) if self.j_dec is not None else None,
             rounds_B=torch.minimum(rounds, torch.full_like(rounds, self.max_rounds or 10**9)),
             finished_B=self.hit_eos, schedule=self.schedule.name, **decision_record(self.turn[:, :T]),
+            logps_recorded=True,
         )

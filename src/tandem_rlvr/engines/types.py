@@ -43,6 +43,10 @@ class Rollout:
     first token and every redraw); ``decisions_B`` / ``senior_decisions_B`` count a row's decisions
     that chose who writes a token (under a coin schedule each is a coin toss) and how many chose the
     senior. Engines that cannot record them leave them None.
+
+    ``logps_recorded`` is True where the engine computed ``senior_logps_BT`` (and ``junior_logps_BT``, if
+    any) with the models it sampled from, on every response token: the trainer may use them as the PPO
+    ratio's old log-probs (``algo.old_logps``) instead of recomputing them.
     """
 
     prompt_ids_BP: torch.Tensor
@@ -58,6 +62,7 @@ class Rollout:
     turn_author_BT: torch.Tensor | None = None
     decisions_B: torch.Tensor | None = None
     senior_decisions_B: torch.Tensor | None = None
+    logps_recorded: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -203,5 +208,5 @@ def concat_rollouts(parts: list[Rollout], pad_token_id: int) -> Rollout:
         finished_B=torch.cat([r.finished_B for r in parts]),
         schedule=parts[0].schedule,
         turn_author_BT=cat_opt("turn_author_BT", -1), decisions_B=cat_opt("decisions_B"),
-        senior_decisions_B=cat_opt("senior_decisions_B"),
+        senior_decisions_B=cat_opt("senior_decisions_B"), logps_recorded=all(r.logps_recorded for r in parts),
     )

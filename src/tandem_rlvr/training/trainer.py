@@ -159,7 +159,7 @@ class Trainer:
         t0 = time.perf_counter()
         with torch.no_grad():
             senior.eval()
-            old = sequence_logps(senior, rollout, temp, cfg.algo.micro_batch)
+            old = self._old_logps(senior, rollout)
             junior_lp = rollout.junior_logps_BT
             if junior_lp is None and self.junior is not None and not self.bridge:  # other vocabulary: no per-token KL
                 junior_lp = sequence_logps(self.junior, rollout, temp, cfg.algo.micro_batch)
@@ -177,6 +177,17 @@ class Trainer:
             metrics[k] = float(np.mean([a[k] for a in acc_metrics if k in a]))
         metrics["train/lr"] = self.sched.get_last_lr()[0]
         return metrics
+
+    def _old_logps(self, senior, rollout: Rollout) -> torch.Tensor:
+        """The PPO ratio's old log-probs (``algo.old_logps``): the rollout's own where the engine recorded
+        them, else one teacher-forced pass of the senior."""
+        choice, recorded = self.cfg.algo.old_logps, rollout.logps_recorded
+        if choice == "rollout" and not recorded:
+            raise TandemError("algo.old_logps=rollout, but the rollout engine recorded no log-probs "
+                              f"(rollout.engine={self.cfg.rollout.engine}, bridge={self.bridge}): use recompute or auto")
+        if choice == "rollout" or (choice == "auto" and recorded and self.cfg.model.dtype == "float32"):
+            return rollout.senior_logps_BT
+        return sequence_logps(senior, rollout, self.cfg.rollout.temperature, self.cfg.algo.micro_batch)
 
     def _minibatch(self, rollout, rows, old, junior_lp, adv_B, mask) -> dict:
         cfg, plan, n_proc = self.cfg, self.plan, self.acc.num_processes
