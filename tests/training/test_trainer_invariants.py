@@ -163,8 +163,10 @@ def test_junior_positions_get_exactly_zero_gradient(step):
     ((ro, idx),) = rec.rollouts
     T = ro.response_ids_BT.shape[1]
     assert len(rec.logit_grads) == ro.batch_size and all(g is not None for g in rec.logit_grads)
-    # the logits at position t of a row's last T + 1 predict response token t
-    g_BT = torch.cat([g[:, -(T + 1):-1].abs().amax(-1) for g in rec.logit_grads])
+    # each forward keeps the logits of its rows' own longest response + 1 (scoring cuts the columns past it,
+    # which no forward computes: they get no gradient); position t of them predicts response token t
+    g_BT = torch.cat([torch.nn.functional.pad(g[:, :-1].abs().amax(-1), (0, T + 1 - g.shape[1]))
+                      for g in rec.logit_grads])
     resp = ro.response_mask_BT.bool()
     senior, junior = resp & ro.owner_BT.bool(), resp & ~ro.owner_BT.bool()
     assert bool((g_BT[~resp] == 0).all()), "padding got a gradient"

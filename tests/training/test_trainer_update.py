@@ -246,3 +246,75 @@ def test_old_logps_auto_reuses_float32_rollouts_and_recomputes_otherwise(tmp_pat
     assert calls.count(False) >= 1
     with pytest.raises(TandemError, match="algo.old_logps=rollout"):
         _one_step(tmp_path / "c", tokenizer, trainer_parts, "algo.old_logps=rollout", spy=unrecorded)
+
+
+def test_micro_batches_are_cut_to_their_own_longest_response(tmp_path, tokenizer, trainer_parts, monkeypatch):
+    """With algo.micro_batch below the mini-batch, its rows go to the chunks sorted by response length, and
+    each chunk's forward reads only up to its own longest response (and prompt): the short chunks'
+    forwards are narrower than the step's longest response."""
+    from tandem_rlvr.engines import scoring
+
+    widths, seen = [], []
+    real_model_call = []
+
+    def spy(tr):
+        seen.append(tr)
+        real = tr.senior.forward
+
+        def fwd(*a, **kw):
+            if torch.is_grad_enabled():
+                widths.append((kw["input_ids"].shape[1], kw["logits_to_keep"]))
+            return real(*a, **kw)
+        tr.senior.forward = fwd
+        real_upd = tr.update
+        tr.update = lambda ro, *a: real_model_call.append(ro) or real_upd(ro, *a)
+
+    real_fl = scoring._forward_logps
+    chunk_lens = []
+    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t: (
+        torch.is_grad_enabled() and chunk_lens.append(ro.response_mask_BT[rows].sum(-1).tolist())) or real_fl(m, ro, rows, t))
+    _one_step(tmp_path, tokenizer, trainer_parts, "algo.micro_batch=4", "rollout.max_new_tokens=24", spy=spy)
+    ro = real_model_call[0]
+    lengths = ro.response_mask_BT.sum(-1)
+    assert len(set(lengths.tolist())) > 2  # varied lengths, else sorting would not show
+    flat = [n for c in chunk_lens for n in c]
+    assert flat == sorted(flat) and sorted(flat) == sorted(lengths.tolist())
+    assert [keep for _, keep in widths] == [max(c) + 1 for c in chunk_lens]
+    assert min(keep for _, keep in widths) < ro.response_ids_BT.shape[1] + 1
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_chunks_log_probs_equal_the_full_width_forward(tokenizer, trainer_parts, monkeypatch, shared):
+    """sequence_logps over a few rows, cut to their own longest response (and prompt, without shared
+    prompts), equals the full-width forward's log-probs on every real response token (0 past the rows'
+    longest response)."""
+    from helpers.numeric import assert_close_to_scale
+    from tandem_rlvr.engines import fastpath
+
+    monkeypatch.setattr(fastpath, "SHARED_PROMPTS", shared)
+    from tandem_rlvr.engines.scoring import sequence_logps
+    from tandem_rlvr.engines.types import Rollout, token_logps
+
+    g = torch.Generator().manual_seed(0)
+    B, P, T, V = 6, 7, 10, len(tokenizer)
+    p_mask = torch.ones(B, P, dtype=torch.long)
+    for b, pad in enumerate([0, 2, 3, 1, 4, 2]):
+        p_mask[b, :pad] = 0
+    r_len = torch.tensor([3, 10, 5, 2, 7, 4])
+    r_mask = (torch.arange(T)[None] < r_len[:, None]).long()
+    ro = Rollout(prompt_ids_BP=torch.randint(5, V, (B, P), generator=g) * p_mask, prompt_mask_BP=p_mask,
+                 response_ids_BT=torch.randint(5, V, (B, T), generator=g) * r_mask, response_mask_BT=r_mask,
+                 owner_BT=r_mask, senior_logps_BT=torch.zeros(B, T), junior_logps_BT=None,
+                 rounds_B=torch.ones(B, dtype=torch.long), finished_B=torch.ones(B, dtype=torch.bool))
+    model = trainer_parts[0].eval()
+    ids = torch.cat([ro.prompt_ids_BP, ro.response_ids_BT], 1)
+    mask = torch.cat([p_mask, r_mask], 1)
+    with torch.no_grad():
+        full = token_logps(model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                                 logits_to_keep=T + 1).logits[:, :-1], ro.response_ids_BT, 0.7)
+        for rows in (torch.tensor([0, 3, 5]), torch.tensor([2, 4]), torch.arange(B)):
+            got = sequence_logps(model, ro, 0.7, rows=rows)
+            assert got.shape == (len(rows), T)
+            m = r_mask[rows].bool()
+            assert_close_to_scale(got[m], full[rows][m])
+            assert torch.all(got[:, int(r_len[rows].max()):] == 0)

@@ -80,7 +80,8 @@ def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir:
     base = {
         "model": {"senior": senior_dir, **({"junior": junior_dir} if junior_dir else {"self_paired": True})},
         "algo": {"arm": arm, "group_size": plan.group_size, "loss_type": "grpo", "lr": plan.lr,
-                 "mini_batch_prompts": plan.prompts_per_step // 2, "kl_beta": beta},
+                 "mini_batch_prompts": plan.prompts_per_step // 2, "kl_beta": beta,
+                 "micro_batch": 8},  # length-sorted chunks of 8 rollouts skip most padding: ~25% faster updates on a CPU
         "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},
         "rollout": {"max_new_tokens": plan.max_new_tokens, "temperature": 0.6, "max_prompt_tokens": 256},
         "train": {"steps": plan.steps, "prompts_per_step": plan.prompts_per_step, "save_every": 0,

@@ -34,24 +34,32 @@ def teacher_inputs(rollout: Rollout, rows: torch.Tensor | None = None, *, trim: 
 def sequence_logps(model, rollout: Rollout, temperature: float, micro: int = 0, rows=None) -> torch.Tensor:
     """Log-probs ``(len(rows), T)`` of the response tokens under ``model`` at ``temperature``: one forward
     over prompt + response per ``micro`` rows (0: all at once), the LM head on the response positions only.
-    Padding positions hold the log-prob of the pad token (mask them with ``response_mask_BT``)."""
+    Padding positions hold the log-prob of the pad token, or 0 past the rows' longest response (mask them
+    with ``response_mask_BT``)."""
     rows = torch.arange(rollout.batch_size) if rows is None else rows
     step = micro or len(rows)
     return torch.cat([_forward_logps(model, rollout, rows[i:i + step], temperature) for i in range(0, len(rows), step)])
 
 
 def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: float) -> torch.Tensor:
-    ids, mask, pos = teacher_inputs(rollout, rows)
-    r_ids = rollout.response_ids_BT[rows]
+    """One forward over ``rows``, cut to their own longest response (and, without shared prompts, to their
+    own longest prompt): the columns past it are padding in every row, so their log-probs are 0 without
+    a forward (a batch's longest response is often longer than a chunk's)."""
+    full_T = rollout.response_ids_BT.shape[1]
+    T = max(int(rollout.response_mask_BT[rows].sum(-1).max()), 1)
+    r_ids = rollout.response_ids_BT[rows, :T]
     inner = getattr(model, "module", model)  # DDP wraps the module; the attention switch lives on its config
     with gqa_attention(inner):
-        shared = _shared_prompts(model, rollout, rows, ids.device)
+        shared = _shared_prompts(model, rollout, rows, rollout.prompt_ids_BP.device)
         if shared is not None:
-            logits = _shared_prompt_logits(model, ids, mask, pos, r_ids.shape[1], *shared)
+            ids, mask, pos = (x[:, :rollout.prompt_ids_BP.shape[1] + T] for x in teacher_inputs(rollout, rows))
+            logits = _shared_prompt_logits(model, ids, mask, pos, T, *shared)
         else:
+            ids, mask, pos = teacher_inputs(rollout, rows, trim=True)
             logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                           logits_to_keep=r_ids.shape[1] + 1).logits
-    return token_logps(logits[:, :-1], r_ids, temperature=temperature)
+                           logits_to_keep=T + 1).logits
+    logps = token_logps(logits[:, :-1], r_ids, temperature=temperature)
+    return torch.nn.functional.pad(logps, (0, full_T - T)) if T < full_T else logps
 
 
 def _shared_prompts(model, rollout: Rollout, rows: torch.Tensor, device):

@@ -194,6 +194,8 @@ class Trainer:
         n_tok = dist.reduce_scalar(self.acc, float(mask[rows].sum()), "sum")
         max_len = int(dist.reduce_scalar(self.acc, float(rollout.response_mask_BT[rows].sum(-1).max()), "max"))
         micro = cfg.algo.micro_batch or len(rows)
+        if 1 < micro < len(rows):  # chunks of similar length: each forward is cut to its own longest response
+            rows = rows[torch.argsort(rollout.response_mask_BT[rows].sum(-1), stable=True)]
         chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
         self.opt.zero_grad(set_to_none=True)
         parts = []
