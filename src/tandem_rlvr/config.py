@@ -368,14 +368,15 @@ def parse_overrides(overrides: list[str]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> Config:
-    """Build a validated :class:`Config` from ``base`` dict, a YAML file, then dotted overrides."""
+    """Build a validated :class:`Config` from ``base`` dict, a YAML file (or a shipped config's name, see
+    :mod:`tandem_rlvr.configs`), then dotted overrides."""
     cfg = Config()
     if base:
         _merge(cfg, base)
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
+        from tandem_rlvr.configs import resolve
+
+        p = resolve(path)  # a file, else a shipped config's name (``trlvr``, ``paper/trlvr``)
         try:
             data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as e:

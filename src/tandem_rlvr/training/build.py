@@ -120,7 +120,8 @@ def _accelerator(cfg: Config):
     dist.check_supported(acc.distributed_type)
     if cfg.train.fsdp != "off" and acc.num_processes < 2:
         raise TandemError(f"train.fsdp={cfg.train.fsdp} shards the senior over processes, but this is one process: "
-                          "launch with accelerate launch --config_file configs/accelerate/ddp.yaml (or torchrun), "
+                          "launch with accelerate launch --config_file \"$(tandem-rlvr config-show --path accelerate/ddp)\" "
+                          "(or torchrun), "
                           "or set train.fsdp=off")
     return acc
 
