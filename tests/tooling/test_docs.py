@@ -24,7 +24,7 @@ from tandem_rlvr.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINKED = [*PAGES, *sorted((ROOT / "benchmarks").glob("*.md"))]  # pages whose links are checked
-PREFIXES = ("tandem-rlvr", "bash ", "make ", "python -m tandem_rlvr", ".venv/bin/")
+PREFIXES = ("tandem-rlvr", "bash ", "make ", "sbatch ", "python -m tandem_rlvr", ".venv/bin/")
 FENCE = re.compile(r"^\s*```")
 REPO_PATH = re.compile(r"^(scripts|tests|benchmarks|docs|src|reports|examples)/[\w./-]*\w$")
 
