@@ -155,6 +155,6 @@ def model_checks(cfg) -> list:
          "must be empty when model.self_paired is true (the junior is the senior's model.revision)"),
         (not (m.revision or m.junior_revision) or cfg.rollout.engine != "vllm",
          "model.revision" if m.revision else "model.junior_revision",
-         "is not passed to the vLLM engine, which would load the default branch: download the revision to a "
-         "directory (huggingface-cli download NAME --revision REV --local-dir DIR) and set model.senior/junior to it"),
+         "is not passed to the vLLM engine, which would load the default branch: download that revision to a "
+         "directory (hf download with its revision option) and set model.senior (or model.junior) to it"),
     ]
