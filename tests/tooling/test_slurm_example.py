@@ -130,14 +130,16 @@ def test_max_requeues_stops_the_loop(tmp_path):
 def test_a_sigterm_to_the_batch_shell_waits_for_the_runs_checkpoint(tmp_path):
     hold = tmp_path / "release"
     p = _run(tmp_path, rc=1, marker=True, hold=hold)
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "args").exists():  # the run has started
-        assert time.monotonic() < deadline and p.poll() is None
-        time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)  # a preemption signals this shell too
-    time.sleep(0.3)
-    assert p.poll() is None, "the batch shell died with the run still checkpointing"
-    hold.write_text("")
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "args").exists():  # the run has started
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)  # a preemption signals this shell too
+        time.sleep(0.3)
+        assert p.poll() is None, "the batch shell died with the run still checkpointing"
+    finally:
+        hold.write_text("")  # the stand-in run ends whatever happened (no process left behind)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 0 and _requeues(tmp_path) == ["scontrol requeue 4242"], out
     assert "SIGTERM: waiting for the run to checkpoint" in out
