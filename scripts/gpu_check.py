@@ -80,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--arm-spec", help=argparse.SUPPRESS)  # ENGINE/ARM of a --child arm
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)  # time.time() the arm must end by
     args = p.parse_args(argv)
-    if args.paper_step:  # configs/paper/trlvr.yaml per GPU of two: 64 rollouts, micro-batch 1, checkpointing
+    if args.paper_step:  # the shipped paper/trlvr config per GPU of two: 64 rollouts, micro-batch 1, checkpointing
         args.random_4b, args.steps, args.prompts, args.group_size, args.micro_batch = True, 2, 8, 8, 1
         args.max_new_tokens = args.max_new_tokens or PAPER_STEP_TOKENS
         args.vllm_memory = args.vllm_memory or 0.4  # 0.5 as in the configs does not fit one unsharded GPU

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from helpers.paths import ROOT
 from helpers.time_guard import no_hang  # noqa: F401 (autouse: a case over a minute fails instead of hanging)
 from tandem_rlvr.config import ConfigError, load_config
 
@@ -119,7 +118,7 @@ def test_default_mini_batch_adapts_to_a_small_step():
     with pytest.raises(ConfigError, match="algo.mini_batch_prompts"):
         load_config(None, [*BASE, "train.prompts_per_step=4", "algo.mini_batch_prompts=3"])
     for arm in ("trlvr", "grpo", "kl_reg"):  # the paper configs keep their explicit 8
-        assert load_config(ROOT / "configs" / "paper" / f"{arm}.yaml").mini_batch_prompts() == 8
+        assert load_config(f"paper/{arm}").mini_batch_prompts() == 8
 
 
 @pytest.mark.parametrize("word", ["off", "false", "no", "Off", "FALSE"])

@@ -1,12 +1,13 @@
-"""configs/paper/ and configs/accelerate/: they load, validate and hold the paper's values (METHOD.md §2-§5)."""
+"""The shipped configs (src/tandem_rlvr/configs/) paper/ and accelerate/: they load, validate and hold the paper's values (METHOD.md §2-§5)."""
 
 import pytest
 import yaml
 
 from tandem_rlvr.config import load_config
-from helpers.paths import ROOT
+from tandem_rlvr import configs
 
-PAPER = ROOT / "configs" / "paper"
+CONFIGS = configs.ROOT  # the package's own folder: what an installed wheel ships
+PAPER = CONFIGS / "paper"
 TRAIN = ("trlvr", "grpo", "grpo_g16", "kl_reg")
 # What the baselines may change relative to trlvr.yaml (METHOD §4): nothing else.
 ALLOWED_DIFF = {
@@ -123,7 +124,7 @@ ACCELERATE = {"ddp": ("MULTI_GPU", 1), "ddp_2nodes": ("MULTI_GPU", 2)}
 def test_accelerate_configs_load(name):
     from accelerate.commands.config.config_args import load_config_from_file
 
-    path = ROOT / "configs" / "accelerate" / f"{name}.yaml"
+    path = CONFIGS / "accelerate" / f"{name}.yaml"
     cfg = load_config_from_file(str(path))
     kind, machines = ACCELERATE[name]
     assert cfg.distributed_type.value == kind and cfg.num_machines == machines
@@ -132,16 +133,16 @@ def test_accelerate_configs_load(name):
         assert _load(paper).algo.mini_batch_prompts % cfg.num_processes == 0
 
 
-TRAINING_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml")
+TRAINING_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml")
                           if "accelerate" not in p.parts and p.name != "eval.yaml")
 
 
-@pytest.mark.parametrize("path", TRAINING_CONFIGS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
+@pytest.mark.parametrize("path", TRAINING_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_training_config_in_configs_loads_and_validates(path):
     cfg = load_config(path)  # validation runs inside; an error names the key
     assert cfg.model.senior and cfg.algo.arm in ("trlvr", "grpo", "kl_reg")
 
 
 def test_the_config_folder_is_what_the_tests_above_cover():
-    names = {str(p.relative_to(ROOT / "configs")) for p in TRAINING_CONFIGS}
+    names = {str(p.relative_to(CONFIGS)) for p in TRAINING_CONFIGS}
     assert names == {"grpo.yaml", "kl_reg.yaml", "trlvr.yaml", *(f"paper/{n}.yaml" for n in TRAIN)}

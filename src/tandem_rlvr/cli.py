@@ -1,4 +1,4 @@
-"""Command line: ``tandem-rlvr train | eval | demo | config-help``; a few lines per command."""
+"""Command line: ``tandem-rlvr train | eval | demo | config-help | config-show``; a few lines per command."""
 
 from __future__ import annotations
 
@@ -43,14 +43,32 @@ def _config_help(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_show(args: argparse.Namespace) -> int:
+    from tandem_rlvr import configs
+
+    if args.name is None:
+        for kind in configs.KINDS:
+            print(f"{kind}: {' '.join(configs.names(kind))}")
+        return 0
+    path = configs.path_of(args.name)
+    if path is None:
+        raise configs.ConfigError(f"no shipped config {args.name!r} (shipped: {', '.join(configs.names())})")
+    print(path if args.path else path.read_text(encoding="utf-8"), end="\n" if args.path else "")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
+    from tandem_rlvr import __version__
+
     p = argparse.ArgumentParser(prog="tandem-rlvr", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--version", action="version", version=f"tandem-rlvr {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a senior (arms trlvr, grpo, kl_reg) from a YAML config")
-    t.add_argument("config", help="YAML config file (see configs/)")
+    t.add_argument("config", help="YAML config file, or a shipped config's name: trlvr, grpo, kl_reg, paper/trlvr, ... "
+                                  "(tandem-rlvr config-show lists them)")
     t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.lr=1e-5 train.steps=3")
     t.add_argument("--restart", action="store_true", help="start over instead of resuming: delete the run's own files in train.out_dir (refused if it holds anything else; docs/faults.md)")
     t.set_defaults(func=_train)
@@ -78,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("config-help", help="list every training config key with its documentation")
     c.set_defaults(func=_config_help)
+
+    s = sub.add_parser("config-show", help="print a shipped config (to copy and edit: config-show trlvr > my.yaml); "
+                                           "without NAME, list them")
+    s.add_argument("name", nargs="?", default=None, help="a shipped config's name, e.g. trlvr, paper/trlvr, accelerate/ddp")
+    s.add_argument("--path", action="store_true", help="print the file's path instead of its text")
+    s.set_defaults(func=_config_show)
     return p
 
 

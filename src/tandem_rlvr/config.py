@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
-from tandem_rlvr.config_bounds import Bounds, allowed, bounds_of, check_fields, run_dir_problem
+from tandem_rlvr.config_bounds import Bounds, allowed, bounds_of, check_fields, model_checks, run_dir_problem
+from tandem_rlvr.configs import resolve
 from tandem_rlvr.engines.serving import ENGINES, MODES
 from tandem_rlvr.errors import ConfigError  # noqa: F401 (raised here; also importable from here)
-from tandem_rlvr.names import FSDP_MODES, LOSS_TYPES, SCHEDULES, VLLM_SLEEP
+from tandem_rlvr.names import ATTN_IMPLEMENTATIONS, FSDP_MODES, LOSS_TYPES, MIXED_PRECISION, SCHEDULES, VLLM_SLEEP
 
 ARMS = ("trlvr", "grpo", "kl_reg")
 
@@ -54,6 +55,10 @@ class ModelConfig:
     lora_targets: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "Module names LoRA adapts.")
     max_context: int = _f(0, "Positions the models read (0 = each model's own: max_position_embeddings, with a declared linear/dynamic/yarn rope factor, else the tokenizer's model_max_length). Prompts that do not fit with the whole response budget are skipped and counted; a budget that fits no prompt stops the run before the first forward. Set it only for a model that reads more than its config says (rope scaling): the run goes on with a warning.", ge=0, note="0 = each model's own limit")
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward (transformers' gradient checkpointing): less memory for the update, ~30% more compute; on in the paper configs.")
+    attn_implementation: str = _f("", "Attention kernel of the trainer's senior and junior (transformers' attn_implementation): empty = transformers' default (sdpa where the model supports it), eager, sdpa, flash_attention_2 (needs the flash-attn package and a GPU), flash_attention_3 or flex_attention. The vLLM engine picks its own kernel (VLLM_ATTENTION_BACKEND).", choices=ATTN_IMPLEMENTATIONS)
+    revision: str = _f("", "Hub revision (branch, tag or commit) of model.senior, its tokenizer and the self-paired junior; empty = the default branch. Ignored, with a warning, for a local directory; not passed to the vLLM engine (download the revision to a directory instead).")
+    junior_revision: str = _f("", "Hub revision of model.junior and its tokenizer (a separate junior only); empty = its default branch.")
+    mixed_precision: str = _f("", "Mixed precision of the update (accelerate's Accelerator(mixed_precision=...)): empty = the accelerate launch config's (else off), off (no or false: float32 compute), bf16 (compute in bf16 over model.dtype=float32 weights) or fp16 (a CUDA GPU and no train.fsdp: the sharded senior gets no loss scaling).", choices=MIXED_PRECISION)
 
 
 @dataclass
@@ -369,14 +374,12 @@ def parse_overrides(overrides: list[str]) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> Config:
-    """Build a validated :class:`Config` from ``base`` dict, a YAML file, then dotted overrides."""
+    """A validated :class:`Config` from ``base``, a YAML file or a shipped config's name, then dotted overrides."""
     cfg = Config()
     if base:
         _merge(cfg, base)
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
+        p = resolve(path)  # a file, else a shipped config's name (``trlvr``, ``paper/trlvr``; tandem_rlvr.configs)
         try:
             data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as e:
@@ -422,7 +425,7 @@ def validate(cfg: Config) -> None:
     problem = run_dir_problem(cfg.train.out_dir)
     if problem is not None:
         raise ConfigError(f"config key 'train.out_dir' {problem}")
-    for ok, key, msg in _cross_checks(cfg) + _engine_checks(cfg):
+    for ok, key, msg in _cross_checks(cfg) + _engine_checks(cfg) + model_checks(cfg):
         if not ok:
             raise ConfigError(f"config key {key!r} {msg}")
 

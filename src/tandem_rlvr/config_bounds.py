@@ -9,7 +9,8 @@ A float must be finite wherever a range is declared (``inf`` and ``nan`` are nev
 
 Cross-field checks (a mini-batch that divides the step, a KL weight only for the kl_reg arm) stay in
 :func:`tandem_rlvr.config.validate`. :func:`run_dir_problem` refuses a ``train.out_dir`` that is not a
-run's own directory. This module imports nothing heavy (no torch).
+run's own directory; :func:`model_checks` the GPU knobs of ``model`` (mixed precision, revisions) against the
+keys they meet. This module imports nothing heavy (no torch).
 """
 
 from __future__ import annotations
@@ -137,3 +138,23 @@ def run_dir_problem(path: str) -> str | None:
             return (f"must name a directory of its own, got {str(path)!r} ({why}): a run keeps its files "
                     "there and --restart clears it")
     return None
+
+
+def model_checks(cfg) -> list:
+    """The GPU knobs against the keys they meet: mixed precision over float32 weights only (fp16 not with FSDP:
+    no loss scaling for the sharded senior), revisions where they reach the models that load."""
+    m = cfg.model
+    half = m.mixed_precision in ("bf16", "fp16")
+    return [
+        (not half or m.dtype == "float32", "model.mixed_precision",
+         f"is {m.mixed_precision}: half-precision compute over float32 weights; with model.dtype={m.dtype} set it "
+         "to off (or model.dtype=float32)"),
+        (m.mixed_precision != "fp16" or cfg.train.fsdp == "off", "model.mixed_precision",
+         f"is fp16, which train.fsdp={cfg.train.fsdp} does not support (no loss scaling for the sharded senior); use bf16"),
+        (not m.junior_revision or not m.self_paired, "model.junior_revision",
+         "must be empty when model.self_paired is true (the junior is the senior's model.revision)"),
+        (not (m.revision or m.junior_revision) or cfg.rollout.engine != "vllm",
+         "model.revision" if m.revision else "model.junior_revision",
+         "is not passed to the vLLM engine, which would load the default branch: download that revision to a "
+         "directory (hf download with its revision option) and set model.senior (or model.junior) to it"),
+    ]

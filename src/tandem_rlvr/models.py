@@ -19,9 +19,6 @@ from tandem_rlvr.errors import ModelLoadError  # noqa: F401 (raised here; also i
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-
 WORLD_MODELS = ("world:senior", "world:junior")
 
 
@@ -57,8 +54,20 @@ def load_error_text(e: BaseException, name: str) -> str:
     return first
 
 
-def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "senior"):
-    """Load a tokenizer (left padding; pad falls back to EOS) or raise naming ``name``."""
+def hub_kwargs(name: str, revision: str | None, role: str) -> dict:
+    """``{"revision": revision}`` for a hub name; nothing for a local directory, which has no revisions
+    (``model.revision`` set anyway is ignored with a warning: a config meant for the hub, pointed at a copy)."""
+    if not revision:
+        return {}
+    if Path(name).expanduser().exists():
+        log.warning("%s: revision %r ignored: %r is a local directory", role, revision, name)
+        return {}
+    return {"revision": revision}
+
+
+def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "senior", revision: str | None = None):
+    """Load a tokenizer (left padding; pad falls back to EOS) or raise naming ``name`` (``revision``: a hub
+    branch, tag or commit)."""
     from transformers import AutoTokenizer
 
     name = resolve_name(name)
@@ -68,7 +77,8 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "s
         raise ModelLoadError(f"{role} model directory {name!r} has no tokenizer files "
                              f"(none of {', '.join(TOKENIZER_FILES[:2])}, ...)")
     try:
-        tok = AutoTokenizer.from_pretrained(str(p) if p.exists() else name, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(str(p) if p.exists() else name, trust_remote_code=trust_remote_code,
+                                            **hub_kwargs(name, revision, role))
     except Exception as e:  # transformers raises many types here
         raise ModelLoadError(f"could not load the {role} tokenizer from {name!r}: {load_error_text(e, name)}") from None
     tok.padding_side = "left"
@@ -79,20 +89,25 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "s
     return tok
 
 
-def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool = False, role: str = "senior"):
-    """Load a causal LM from a local path or hub name, or raise naming ``name`` and the cause."""
+def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool = False, role: str = "senior",
+                   revision: str | None = None, attn_implementation: str | None = None):
+    """Load a causal LM from a local path or hub name (at ``revision``), or raise naming ``name`` and the cause.
+    ``attn_implementation`` (eager, sdpa, flash_attention_2, ...; empty = transformers' default) goes to
+    ``from_pretrained``, which refuses one the model or the machine cannot run."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     name = resolve_name(name)
     check_exists(name, role)
     path = str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
+    hub = hub_kwargs(name, revision, role)
+    attn = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
     except Exception as e:
         raise ModelLoadError(f"could not read the {role} model config from {name!r}: {load_error_text(e, name)}") from None
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=None
+            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=None, **hub, **attn
         )
     except ValueError as e:
         raise ModelLoadError(
@@ -234,10 +249,12 @@ def _apply_lora(model, mcfg):
 
 
 def load_pair(mcfg) -> Pair:
-    """Load senior, junior and tokenizer from a :class:`~tandem_rlvr.config.ModelConfig`."""
-    trc = mcfg.trust_remote_code
-    tok = load_tokenizer(mcfg.senior, trust_remote_code=trc, role="senior")
-    senior = load_causal_lm(mcfg.senior, dtype=mcfg.dtype, trust_remote_code=trc, role="senior")
+    """Load senior, junior and tokenizer from a :class:`~tandem_rlvr.config.ModelConfig` (each model at its
+    revision, both with ``model.attn_implementation``)."""
+    trc, attn = mcfg.trust_remote_code, mcfg.attn_implementation
+    tok = load_tokenizer(mcfg.senior, trust_remote_code=trc, role="senior", revision=mcfg.revision)
+    senior = load_causal_lm(mcfg.senior, dtype=mcfg.dtype, trust_remote_code=trc, role="senior",
+                            revision=mcfg.revision, attn_implementation=attn)
     jdtype = getattr(mcfg, "junior_dtype", "") or mcfg.dtype
     if mcfg.self_paired:
         if mcfg.lora_r > 0:
@@ -245,8 +262,9 @@ def load_pair(mcfg) -> Pair:
             return Pair(senior, AdapterOff(senior), tok, lora=True)
         junior = freeze(copy.deepcopy(senior).to(DTYPES[jdtype]))
     else:
-        jtok = load_tokenizer(mcfg.junior, trust_remote_code=trc, role="junior")
-        junior = freeze(load_causal_lm(mcfg.junior, dtype=jdtype, trust_remote_code=trc, role="junior"))
+        jtok = load_tokenizer(mcfg.junior, trust_remote_code=trc, role="junior", revision=mcfg.junior_revision)
+        junior = freeze(load_causal_lm(mcfg.junior, dtype=jdtype, trust_remote_code=trc, role="junior",
+                                       revision=mcfg.junior_revision, attn_implementation=attn))
         if mcfg.lora_r > 0:
             senior = _apply_lora(senior, mcfg)
         if getattr(mcfg, "bridge", False):

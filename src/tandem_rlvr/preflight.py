@@ -28,21 +28,22 @@ def check_writable(directory: str | Path, what: str) -> None:
         raise TandemError(f"{what} {str(directory)!r} is not a writable directory: {e.strerror or e}") from None
 
 
-def check_model(name: str, role: str, trust_remote_code: bool = False):
-    """The model's config is readable and its tokenizer loads; returns the tokenizer (None for the world aliases)."""
+def check_model(name: str, role: str, trust_remote_code: bool = False, revision: str | None = None):
+    """The model's config is readable and its tokenizer loads (at ``revision``); returns the tokenizer (None for
+    the world aliases)."""
     from transformers import AutoConfig
 
-    from tandem_rlvr.models import check_exists, load_error_text
+    from tandem_rlvr.models import check_exists, hub_kwargs, load_error_text
 
     if name in WORLD_MODELS:  # built (or found in the cache) by the command itself
         return None
     check_exists(name, role)
     path = str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
     try:
-        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **hub_kwargs(name, revision, role))
     except Exception as e:  # transformers raises many types here
         raise ModelLoadError(f"could not read the {role} model config from {name!r}: {load_error_text(e, name)}") from None
-    return load_tokenizer(name, trust_remote_code=trust_remote_code, role=role)
+    return load_tokenizer(name, trust_remote_code=trust_remote_code, role=role, revision=revision)
 
 
 def check_eval(opts, juniors: dict[str, str], benches: dict | None = None) -> dict[str, int]:
@@ -96,9 +97,9 @@ def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = T
     m, d = cfg.model, cfg.data
     tok = jtok = None
     if models:
-        tok = check_model(m.senior, "senior", m.trust_remote_code)
+        tok = check_model(m.senior, "senior", m.trust_remote_code, m.revision)
         if not m.self_paired:
-            jtok = check_model(m.junior, "junior", m.trust_remote_code)
+            jtok = check_model(m.junior, "junior", m.trust_remote_code, m.junior_revision)
             if tok is not None and jtok is not None and not m.bridge:
                 check_tokenizers(tok, jtok, m.senior, m.junior)
     if models and data and tok is not None and (m.self_paired or jtok is not None):
@@ -163,8 +164,9 @@ def check_train_context(cfg, tok, jtok) -> None:
 
     m, d = cfg.model, cfg.data
     path = lambda name: str(Path(name).expanduser()) if Path(name).expanduser().exists() else name  # noqa: E731
-    config = AutoConfig.from_pretrained(path(m.senior), trust_remote_code=m.trust_remote_code)
-    jconfig = None if m.self_paired else AutoConfig.from_pretrained(path(m.junior), trust_remote_code=m.trust_remote_code)
+    config = AutoConfig.from_pretrained(path(m.senior), trust_remote_code=m.trust_remote_code, revision=m.revision or None)
+    jconfig = None if m.self_paired else AutoConfig.from_pretrained(path(m.junior), trust_remote_code=m.trust_remote_code,
+                                                                    revision=m.junior_revision or None)
     examples = load_examples(d.train, d.train_split, problem_key=d.problem_key, answer_key=d.answer_key)
     fit_train_prompts(cfg, examples, tok, train_contexts(cfg, tok, config, jtok, jconfig), jtok if m.bridge else None)
 

@@ -17,15 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from tandem_rlvr import configs
 from tandem_rlvr.cli import build_parser
 from tandem_rlvr.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINKED = [*PAGES, *sorted((ROOT / "benchmarks").glob("*.md"))]  # pages whose links are checked
-PREFIXES = ("tandem-rlvr", "bash ", "make ", "python -m tandem_rlvr", ".venv/bin/")
+PREFIXES = ("tandem-rlvr", "bash ", "make ", "sbatch ", "python -m tandem_rlvr", ".venv/bin/")
 FENCE = re.compile(r"^\s*```")
-REPO_PATH = re.compile(r"^(configs|scripts|tests|benchmarks|docs|src|reports)/[\w./-]*\w$")
+REPO_PATH = re.compile(r"^(scripts|tests|benchmarks|docs|src|reports|examples)/[\w./-]*\w$")
 
 
 # -- collecting the commands --------------------------------------------------------------------------
@@ -175,9 +176,9 @@ def test_every_script_path_and_make_target_exists():
 def test_every_train_command_loads_its_config_and_overrides():
     checked = 0
     for page, line, argv in cli_commands():
-        if argv[:1] == ["train"] and len(argv) > 1 and (ROOT / argv[1]).is_file():
+        if argv[:1] == ["train"] and len(argv) > 1 and ((ROOT / argv[1]).is_file() or configs.path_of(argv[1])):
             overrides = [w for w in argv[2:] if "=" in w and not w.startswith("-")]
-            load_config(ROOT / argv[1], overrides)  # raises ConfigError naming the key
+            load_config(ROOT / argv[1] if (ROOT / argv[1]).is_file() else argv[1], overrides)  # ConfigError names the key
             checked += 1
     assert checked >= 5
 
@@ -187,8 +188,10 @@ def cheap_argv(line: str) -> list[str] | None:
     """The argv to run for a command that finishes in seconds without downloads, else None."""
     ws = words(line)
     argv = cli_argv(ws)
+    if argv is not None:  # the command only: a redirection or pipe is the shell's
+        argv = argv[:next((i for i, w in enumerate(argv) if w in (">", ">>", "|", "&&", ";")), len(argv))]
     if argv is not None and ws[0] in ("tandem-rlvr", ".venv/bin/tandem-rlvr", "python"):
-        if "--help" in argv or "-h" in argv or argv[:1] == ["config-help"]:
+        if "--help" in argv or "-h" in argv or "--version" in argv or argv[:1] in (["config-help"], ["config-show"]):
             return [sys.executable, "-m", "tandem_rlvr", *argv]
         return None
     if ws[0] == ".venv/bin/python" and len(ws) > 1 and ws[1].startswith("scripts/") and ({"--check", "--help"} & set(ws)):

@@ -40,7 +40,7 @@ def test_paper_step_is_one_gpu_share_of_a_paper_step_bounded_in_time(gpu_check, 
     from tandem_rlvr.config import load_config
 
     args = gpu_check.parse_args(["--paper-step"])
-    paper = load_config(ROOT / "configs" / "paper" / "trlvr.yaml")
+    paper = load_config("paper/trlvr")
     cfg = gpu_check.make_config(args, "trlvr", "m", tmp_path, "vllm")
     per_gpu = paper.train.prompts_per_step * paper.algo.group_size // 2  # two GPUs
     assert args.random_4b and args.prompts * args.group_size == per_gpu == 64

@@ -1,6 +1,6 @@
-"""The method's invariants through a real trainer step, for every arm and loss type of configs/paper/.
+"""The method's invariants through a real trainer step, for every arm and loss type of the shipped paper/ configs.
 
-Each case loads a paper config (configs/paper/<name>.yaml), shrinks only its scale (tiny local models,
+Each case loads a paper config (src/tandem_rlvr/configs/paper/<name>.yaml), shrinks only its scale (tiny local models,
 2 prompts per step, 16 new tokens, one process) and runs ``Trainer.train_step``. Against values
 computed here, independently of the trainer, it checks:
 
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from helpers.fixture_scopes import module_scope_unless_mutating
-from helpers.paths import ROOT
+from tandem_rlvr import configs
 from helpers.numeric import assert_close_to_scale
 from helpers.tiny_models import bias_token, make_tiny_model
 from helpers.trainers import examples, spread_reward
@@ -32,7 +32,7 @@ from tandem_rlvr.config import load_config
 from tandem_rlvr.models import Pair, freeze
 from tandem_rlvr.training.trainer import Trainer, make_trainer
 
-PAPER = ROOT / "configs" / "paper"
+PAPER = configs.ROOT / "paper"
 ARMS = ("trlvr", "grpo", "grpo_g16", "kl_reg")
 TOKEN_MEAN = ("dapo", "token_mean")
 EOS_BIAS = 2.0

@@ -40,7 +40,7 @@ def _h(name: str, default: bool = True) -> str:
 def add_eval_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``tandem-rlvr eval`` (defaults are applied after merging ``--config``)."""
     a = p.add_argument
-    a("--config", default=None, help="YAML file with any of the keys below (flags win)")
+    a("--config", default=None, help="YAML file with any of the keys below, or a shipped config's name (paper/eval; flags win)")
     a("--senior", action="append", default=None, metavar="[NAME=]PATH_OR_HUB", help=_h("seniors", False))
     a("--junior", action="append", default=None, metavar="[NAME=]PATH_OR_HUB", help=_h("juniors", False))
     a("--benchmark", action="append", default=None, metavar="NAME_OR_FILE", help=_h("benchmarks", False))
@@ -68,9 +68,9 @@ def _read_config(path: str | None) -> dict:
         return {}
     import yaml
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"eval config file {path!r} does not exist")
+    from tandem_rlvr.configs import resolve
+
+    p = resolve(path, kind="eval", what="eval config file")  # a file, else a shipped name (paper/eval)
     data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"eval config file {path!r} must hold a mapping")

@@ -9,6 +9,7 @@ receives the parts and makes nothing itself (:func:`~tandem_rlvr.training.traine
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,17 +113,39 @@ def _build_parts(cfg, acc, lock, resume_from, pair, reward_fn, examples, text_me
 
 
 def _accelerator(cfg: Config):
-    """The run's accelerator; without a GPU, ``cpu=True`` lets accelerate/torchrun run gloo DDP over CPU processes."""
+    """The run's accelerator; without a GPU, ``cpu=True`` lets accelerate/torchrun run gloo DDP over CPU processes.
+    ``model.mixed_precision`` (empty: the accelerate launch config's) is checked against the machine first."""
     from accelerate import Accelerator
 
-    acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=cfg.train.out_dir,
-                      cpu=not torch.cuda.is_available(), kwargs_handlers=preempt.process_group_kwargs(cfg))
+    cuda = torch.cuda.is_available()
+    check_mixed_precision(cfg, cuda)
+    acc = Accelerator(log_with=cfg.train.trackers or None, project_dir=cfg.train.out_dir, cpu=not cuda,
+                      mixed_precision=ACCELERATE_MP.get(cfg.model.mixed_precision, cfg.model.mixed_precision),
+                      kwargs_handlers=preempt.process_group_kwargs(cfg))
     dist.check_supported(acc.distributed_type)
     if cfg.train.fsdp != "off" and acc.num_processes < 2:
         raise TandemError(f"train.fsdp={cfg.train.fsdp} shards the senior over processes, but this is one process: "
-                          "launch with accelerate launch --config_file configs/accelerate/ddp.yaml (or torchrun), "
+                          "launch with accelerate launch --config_file \"$(tandem-rlvr config-show --path accelerate/ddp)\" "
+                          "(or torchrun), "
                           "or set train.fsdp=off")
     return acc
+
+
+ACCELERATE_MP = {"": None, "off": "no"}  # model.mixed_precision -> Accelerator(mixed_precision=...); None: the launch's
+
+
+def check_mixed_precision(cfg: Config, cuda: bool) -> None:
+    """The run's mixed precision (``model.mixed_precision``, else the launch config's ``ACCELERATE_MIXED_PRECISION``)
+    where it would silently not apply: fp16 without a CUDA GPU (accelerate then runs in fp32) or under
+    ``train.fsdp`` (the sharded senior's optimizer gets no loss scaling)."""
+    key = "model.mixed_precision" if cfg.model.mixed_precision else "the accelerate launch config's mixed_precision"
+    mp = cfg.model.mixed_precision or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if mp == "fp16" and not cuda:
+        raise TandemError(f"{key} is fp16, which needs a CUDA GPU (none here: accelerate would run in float32); "
+                          "use bf16 or no")
+    if mp == "fp16" and cfg.train.fsdp != "off":
+        raise TandemError(f"{key} is fp16, which train.fsdp={cfg.train.fsdp} does not support (no loss scaling for "
+                          "the sharded senior); use bf16")
 
 
 def _prepare_run_dir(acc, cfg: Config, restart: bool):

@@ -26,7 +26,8 @@ def check_supported(distributed_type) -> None:
         from tandem_rlvr.errors import TandemError
 
         raise TandemError(f"accelerate distributed type {name} is not supported: the trainer shards the senior "
-                          "itself. Launch with configs/accelerate/ddp.yaml and set train.fsdp=full (parameters, "
+                          "itself. Launch with the shipped accelerate/ddp config (tandem-rlvr config-show --path "
+                          "accelerate/ddp) and set train.fsdp=full (parameters, "
                           "gradients and optimizer states sharded, like ZeRO-3) or train.fsdp=zero2 (gradients and "
                           "optimizer states sharded, like ZeRO-2); see docs/scale-out.md")
 

@@ -3,7 +3,7 @@
 Why not accelerate's FSDP or DeepSpeed launchers: accelerate only builds FSDP on accelerators (a CPU
 launch silently falls back to independent processes), so that path cannot be tested here, and DeepSpeed
 steps its optimizer inside ``backward``. Sharding the senior ourselves works the same under gloo on
-CPU and NCCL on GPUs, under any multi-process launch (``configs/accelerate/ddp.yaml``, torchrun).
+CPU and NCCL on GPUs, under any multi-process launch (the shipped ``accelerate/ddp`` config, torchrun).
 
 Modes: ``full`` reshards the parameters after every forward (parameters, gradients and AdamW states
 sharded; ZeRO-3-like); ``zero2`` keeps them gathered from forward to backward (gradients and AdamW
