@@ -172,13 +172,14 @@ def _known_params() -> dict:
 
 
 class _Flags:
-    """The flags of the token(s) just emitted, read lazily by a rule: ``f[name]``."""
+    """The flags of the token(s) just emitted, read lazily by a rule: ``f[name]`` is ``read(table(), name)``
+    (a schedule whose rule reads no flag needs no table)."""
 
-    def __init__(self, schedule: Schedule, read):
-        self.schedule, self.read = schedule, read
+    def __init__(self, table, read):
+        self.table, self.read = table, read
 
     def __getitem__(self, name: str):
-        return self.read(self.schedule.needed_table(), name)
+        return self.read(self.table(), name)
 
 
 @dataclass(frozen=True, init=False)
@@ -269,7 +270,7 @@ class Schedule:
     def advance(self, state: HandoffState, tok_B: torch.Tensor, coins: CoinStream) -> HandoffState:
         """State after each sequence emitted ``tok_B``: decides the author of the next token."""
         tok_B = tok_B.long().cpu()
-        flags = _Flags(self, lambda table, name: table.flag(name)[tok_B])
+        flags = _Flags(self.needed_table, lambda table, name: table.flag(name)[tok_B])
         author, gap, rounds, carry, due = self.after(state.author_B, state.gap_B, state.rounds_B, state.turn_nl_B,
                                                      flags, lambda: coins.row(state.t + 1))
         due = torch.as_tensor(due).expand_as(author).clone()
@@ -329,10 +330,8 @@ class SequenceSchedule:
         """Advance past one emitted token; True when a coin fell after it (the turn ends there, though
         the coin may keep the same author). ``table``: the flags of the vocabulary ``tok`` belongs to, where
         the authors' vocabularies differ (the turn driver); default the schedule's own table."""
-        if table is None:
-            flags = _Flags(self.schedule, lambda tab, name: tab.lists[name][tok])
-        else:
-            flags = _Flags(self.schedule, lambda tab, name: table.lists[name][tok])
+        flags = _Flags(self.schedule.needed_table if table is None else lambda: table,
+                       lambda tab, name: tab.lists[name][tok])
         self.t += 1
         return self._after(flags, self.t)
 

@@ -46,7 +46,7 @@ BRIDGE = Serves(
     "text bridge", STEP_LEVEL,
     "the senior and junior tokenizers differ, so a handoff can only fall at a step end, where both read the "
     "same text; word and token handoffs fall at token boundaries of one vocabulary that the other does not "
-    f"share. Use handoff.schedule={' or '.join(STEP_LEVEL)}, or a junior with the senior's tokenizer", BridgeError)
+    "share. Use handoff.schedule=step or alternate, or a junior with the senior's tokenizer", BridgeError)
 
 
 def serving(engine: str, *, bridge: bool = False) -> Serves:
