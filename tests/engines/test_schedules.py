@@ -236,3 +236,17 @@ def test_sentence_rule_on_a_hand_built_table(row, max_gap, expected):
     for t, tok in enumerate(row[:-1]):
         got += [t + 1] if seq.feed(tok) else []
     assert got == expected
+
+
+@pytest.mark.parametrize("raw,text,flags", [
+    (".ĊĊ", ".\n\n", {"sentence_end", "ends_nl", "nl2"}),
+    ("!Ġ", "! ", {"sentence_end"}),
+    ("?", "?", {"ends_stop"}),
+    ("x.", "x.", {"ends_stop"}),
+    ("3.5", "3.5", set()),  # a mark not followed by whitespace ends no sentence
+    ("Ġ3", " 3", {"boundary", "starts_space"}),
+    ("▁The", "The", {"boundary", "starts_space"}),  # SentencePiece: the decoded piece may lose its space
+    ("Ċ", "\n", {"starts_space", "ends_nl", "starts_nl"}),
+])
+def test_the_sentence_flags_of_a_token(raw, text, flags):
+    assert {name for name, fn in registry.TOKEN_FLAGS.items() if fn(raw, text)} == flags, (raw, text)
