@@ -79,6 +79,7 @@ def test_parameters_and_their_config_keys():
         for prm in get_schedule(name).params:  # each config key exists, with the same default
             section, key = prm.key.split(".")
             assert section == "handoff" and getattr(HandoffConfig(), key) == prm.default, (name, prm)
+    assert registry.config_params(HandoffConfig(max_gap=5)) == {"max_gap": 5, "chunk_size": 16}
     assert Schedule("sentence", max_gap=7, chunk_size=5).params == (("max_gap", 7),)  # its own parameters only
     assert (Schedule("sentence").max_gap, Schedule("sentence").chunk_size) == (32, 16)  # others read as defaults
     with pytest.raises(ValueError, match="has no token ending with"):  # a table with no sentence mark

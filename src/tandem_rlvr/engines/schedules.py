@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["STEP_END", "WORD_MARKERS", "LEVELS", "AUTHORS", "Param", "MAX_GAP", "CHUNK_SIZE", "ScheduleDef",
            "TOKEN_FLAGS", "register_schedule", "get_schedule", "schedule_names", "SCHEDULES", "coin_schedules",
-           "table_schedules", "step_end"]
+           "table_schedules", "config_params", "step_end"]
 
 STEP_END = "\n\n"
 WORD_MARKERS = ("Ġ", "▁", " ")  # how a token that starts a word begins (byte-level BPE, SentencePiece, plain)
@@ -162,6 +162,13 @@ def coin_schedules() -> tuple[str, ...]:
 def table_schedules() -> tuple[str, ...]:
     """Schedules that read the tokens' text (they need a token table)."""
     return tuple(n for n, d in _REGISTRY.items() if d.needs_table)
+
+
+def config_params(section) -> dict:
+    """Every registered parameter's value in a config section (``cfg.handoff``), each read by its config key:
+    what :func:`tandem_rlvr.engines.handoff.make_schedule` takes as ``**params``."""
+    known = {p.name: p for d in _REGISTRY.values() for p in d.params}
+    return {name: getattr(section, p.key.split(".", 1)[1]) for name, p in known.items()}
 
 
 def step_end(nl2, starts_nl, turn_nl):
