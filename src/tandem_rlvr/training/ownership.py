@@ -14,9 +14,9 @@ record of its decisions (see :class:`~tandem_rlvr.engines.types.Rollout`), and t
    row whose turns all went to one author must be owned entirely by that author (an all-senior or
    all-junior mask on a row with turns of both authors is caught by 2. under ``step``; ``alternate``
    has no coins, so there only the rows are checked). A rollout with no record at all stops the run.
-2. **Coins vs. p.** For coin schedules (bernoulli, word, step, chunk, sentence: ``authors="coins"``) the outcomes of the coins that
-   decided who writes are i.i.d. Bernoulli(p): each coin is drawn before, and independently of,
-   the decision to use it (a redraw depends on the tokens so far only). Their expectation is p
+2. **Coins vs. p.** For coin schedules (``authors="coins"``: bernoulli, word, step, chunk, sentence) the
+   outcomes of the coins that decided who writes are i.i.d. Bernoulli(p): each coin is drawn before,
+   and independently of, the decision to use it (a redraw depends on the tokens so far only). Their expectation is p
    whatever the word or step lengths, unlike the senior *token* share. With ``n`` coins of which
    ``k`` chose the senior, the step stops when ``|k/n - p| > eps(n)`` with
    ``eps(n) = sqrt(ln(2 N / delta) / (2 n))``, ``N`` an upper bound on ``n`` fixed before the step
