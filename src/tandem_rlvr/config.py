@@ -19,9 +19,10 @@ import yaml
 
 from tandem_rlvr.config_bounds import Bounds, allowed, bounds_of, check_fields, model_checks, run_dir_problem
 from tandem_rlvr.configs import resolve
+from tandem_rlvr.engines.schedules import SCHEDULES
 from tandem_rlvr.engines.serving import ENGINES, MODES
 from tandem_rlvr.errors import ConfigError  # noqa: F401 (raised here; also importable from here)
-from tandem_rlvr.names import ATTN_IMPLEMENTATIONS, FSDP_MODES, LOSS_TYPES, MIXED_PRECISION, SCHEDULES, VLLM_SLEEP
+from tandem_rlvr.names import ATTN_IMPLEMENTATIONS, FSDP_MODES, LOSS_TYPES, MIXED_PRECISION, VLLM_SLEEP
 
 ARMS = ("trlvr", "grpo", "kl_reg")
 
@@ -84,9 +85,9 @@ class AlgoConfig:
 
 @dataclass
 class HandoffConfig:
-    schedule: str = _f("word", "word, bernoulli, step, alternate, chunk or none (used by the trlvr arm; grpo/kl_reg roll out solo).", choices=SCHEDULES)
+    schedule: str = _f("word", f"{', '.join(SCHEDULES)} (used by the trlvr arm; grpo/kl_reg roll out solo); each is defined once in tandem_rlvr.engines.schedules.", choices=SCHEDULES)
     p: float = _f(0.5, "P(senior) of each handoff coin.", ge=0, le=1)
-    max_gap: int = _f(32, "Word schedule: redraw the author after K tokens without a word boundary.", ge=1)
+    max_gap: int = _f(32, "Word and sentence schedules: redraw the author after K tokens without a word boundary (sentence: a sentence end).", ge=1)
     chunk_size: int = _f(16, "Chunk schedule: redraw every N tokens.", ge=1)
 
 

@@ -1,29 +1,11 @@
-"""Names the configuration checks, torch-free: the handoff schedules, the loss types, the FSDP modes, the rewards.
+"""Names the configuration checks, torch-free: the loss types, the FSDP modes, the rewards, the sleep modes.
 
-What they *mean* lives in :mod:`tandem_rlvr.engines.handoff` (schedules) and :mod:`tandem_rlvr.training.core` (losses),
-which take their lists from here. Each schedule's *level* says where its coins fall (what an engine
-must be able to hand over at):
-
-- ``solo``: no handoff (``none``);
-- ``token``: a coin may fall after any token (``bernoulli``, ``chunk``, ``word``);
-- ``step``: coins fall only where a reasoning step ends, at ``"\\n\\n"`` (``step``, ``alternate``).
+The handoff schedules are registered in :mod:`tandem_rlvr.engines.schedules` (each defined once, with its
+level, parameters and rule; the configuration takes their names from there). What the loss types mean
+lives in :mod:`tandem_rlvr.training.core`, which takes its list from here.
 """
 
 from __future__ import annotations
-
-LEVELS = {"none": "solo", "bernoulli": "token", "word": "token", "step": "step", "alternate": "step", "chunk": "token"}
-SCHEDULES = tuple(LEVELS)
-STEP_END = "\n\n"
-WORD_MARKERS = ("Ġ", "▁", " ")
-NEEDS_TABLE = ("word", "step", "alternate")  # schedules that read the tokens' text
-COIN_SCHEDULES = tuple(n for n in SCHEDULES if n not in ("none", "alternate"))  # authors drawn by coins, P(senior) = p
-
-
-def check_name(name: str) -> None:
-    """Raise ``ValueError`` unless ``name`` is a schedule."""
-    if name not in LEVELS:
-        raise ValueError(f"unknown handoff schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-
 
 LOSS_TYPES = ("grpo", "dapo", "token_mean", "dr_grpo")
 TOKEN_MEAN_LOSSES = ("dapo", "token_mean")  # divided by a (global) token count, not per sequence

@@ -111,9 +111,15 @@ def test_bad_schedule_arguments():
 
 
 # --- step ends: inside the current step only (hand-built token table) ------------------------------
-# ids: 0 "a", 1 "b\n" (ends with a newline), 2 "\nc" (starts with one), 3 ".\n\n" (holds "\n\n")
-HAND = TokenTable(boundary_V=torch.tensor([True, True, True, True]), ends_nl_V=torch.tensor([False, True, False, True]),
-                  nl2_V=torch.tensor([False, False, False, True]), starts_nl_V=torch.tensor([False, False, True, False]))
+# ids: 0 "a", 1 "b\n" (ends with a newline), 2 "\nc" (starts with one), 3 ".\n\n" (holds "\n\n"), 4 "x." (ends a
+# sentence if whitespace follows; the sentence schedule's flags: 3 holds ". ", 2 starts with whitespace)
+HAND = TokenTable(boundary_V=torch.tensor([True, True, True, True, True]),
+                  ends_nl_V=torch.tensor([False, True, False, True, False]),
+                  nl2_V=torch.tensor([False, False, False, True, False]),
+                  starts_nl_V=torch.tensor([False, False, True, False, False]),
+                  sentence_end_V=torch.tensor([False, False, False, True, False]),
+                  starts_space_V=torch.tensor([False, False, True, False, False]),
+                  ends_stop_V=torch.tensor([False, False, False, False, True]))
 
 
 def test_a_split_newline_pair_ends_a_step_within_one_turn():
@@ -228,13 +234,16 @@ def test_end_step_draws_the_next_step_coin(table, name):
 
 def _expected_decisions(name, row, table, K, N):
     """Positions t whose token a decision precedes, written out here from METHOD §2 (not from handoff.py)."""
-    pos, gap, turn_nl = [0], 0, False
+    pos, gap, turn_nl, stop = [0], 0, False, False
     for t, tok in enumerate(row[:-1]):
         gap += 1
         boundary, ends_nl, nl2, starts_nl = table.rows[tok]
+        sentence_end, starts_space, ends_stop = (table.lists[f][tok] for f in ("sentence_end", "starts_space", "ends_stop"))
         due = {"bernoulli": True, "chunk": gap >= N, "word": boundary or gap >= K,
-               "step": nl2 or (turn_nl and starts_nl), "alternate": nl2 or (turn_nl and starts_nl)}.get(name, False)
+               "step": nl2 or (turn_nl and starts_nl), "alternate": nl2 or (turn_nl and starts_nl),
+               "sentence": sentence_end or (stop and starts_space) or gap >= K}.get(name, False)
         turn_nl = ends_nl and not due
+        stop = ends_stop and not due
         if due:
             pos.append(t + 1)
             gap = 0
@@ -289,8 +298,8 @@ def test_rounds_limits_and_schedule_defaults():
     sch = make_schedule("chunk")
     assert (sch.max_gap, sch.chunk_size) == (32, 16)  # the paper's K = 32
     assert make_schedule("chunk", max_gap=1, chunk_size=1).chunk_size == 1
-    for bad in ({"max_gap": 0}, {"chunk_size": 0}):
-        with pytest.raises(ValueError, match="max_gap and chunk_size must be >= 1"):
-            make_schedule("chunk", **bad)
+    for key, bad in (("max_gap", 0), ("chunk_size", 0), ("max_gap", 2.5)):  # checked whichever schedule reads it
+        with pytest.raises(ValueError, match=f"handoff.{key} must be a whole number >= 1"):
+            make_schedule("chunk", **{key: bad})
     state = Schedule("bernoulli").start(CoinStream(3, 0.5, 0))
     assert state.gap_B.dtype == torch.long and state.rounds_B.dtype == torch.long and state.t == 0

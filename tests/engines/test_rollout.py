@@ -78,11 +78,12 @@ def test_self_paired_junior_gives_solo_rollout(tokenizer, pair, batch):
     assert (tandem.owner_BT[tandem.response_mask_BT.bool()] == 0).any()
 
 
-def test_owner_matches_simulated_schedule(tokenizer, pair, batch):
+@pytest.mark.parametrize("name", ["word", "sentence"])
+def test_owner_matches_simulated_schedule(tokenizer, pair, batch, name):
     from tandem_rlvr.engines.handoff import simulate
 
     senior, junior = pair
-    sch = make_schedule("word", tokenizer, p=0.5, max_gap=4)
+    sch = make_schedule(name, tokenizer, p=0.5, max_gap=4)
     r = _gen(tokenizer, senior, junior, batch, sch, Sampling(max_new_tokens=25, temperature=1.0), seed=2)
     owner, _ = simulate(sch, r.response_ids_BT, seed=2)  # the rollout's seed: the same coin stream
     m = r.response_mask_BT.bool()
@@ -146,6 +147,7 @@ def _same_rollout(a, b):
     ("word", {"p": 0.5, "max_gap": 4}, True, None),
     ("bernoulli", {"p": 0.3}, True, 6),
     ("chunk", {"p": 0.5, "chunk_size": 5}, True, None),
+    ("sentence", {"p": 0.5, "max_gap": 6}, True, 5),
     ("none", {}, True, None),
     ("word", {"p": 1.0}, False, None),
 ])

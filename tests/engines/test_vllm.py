@@ -15,7 +15,7 @@ from helpers.vllm_fixtures import PROBLEMS, batch, needs_vllm, pair, tok  # noqa
 from helpers.vllm_fixtures import assert_same as _assert_same
 from helpers.vllm_fixtures import vllm_model as _model
 from tandem_rlvr.engines.base import PromptBatch
-from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.handoff import SCHEDULES, make_schedule
 from tandem_rlvr.engines.rollout import generate
 from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.engines.vllm_backend import VLLMEngine, check_vllm_schedule
@@ -23,10 +23,10 @@ from tandem_rlvr.engines.weights import engine_weights
 
 
 def test_every_schedule_is_served_and_an_unknown_one_refused_by_name(tok):
-    for name in ("none", "step", "alternate", "word", "bernoulli", "chunk"):
+    for name in SCHEDULES:  # every registered schedule (sentence included)
         check_vllm_schedule(make_schedule(name, tok))
-    bogus = SimpleNamespace(name="sentence", table=None)
-    with pytest.raises(ValueError, match="'sentence' is not served by the vllm engine"):
+    bogus = SimpleNamespace(name="paragraph", table=None)
+    with pytest.raises(ValueError, match="'paragraph' is not served by the vllm engine"):
         check_vllm_schedule(bogus)
 
 

@@ -43,7 +43,8 @@ def _bare_engine(tok, outputs):
 
 def test_the_replay_reads_owners_from_the_ids_and_equals_the_in_process_engine(tok, pair, batch):
     """In-process rollouts written in the dual id space (junior id + V) come back as the same Rollout."""
-    for name, kw, max_rounds in (("word", {"p": 0.5}, None), ("bernoulli", {"p": 0.25}, None), ("alternate", {}, 3)):
+    for name, kw, max_rounds in (("word", {"p": 0.5}, None), ("bernoulli", {"p": 0.25}, None), ("alternate", {}, 3),
+                                 ("sentence", {"p": 0.5, "max_gap": 5}, None)):
         schedule = make_schedule(name, tok, **kw)
         ref = _in_process(tok, pair, batch, schedule, GREEDY, seed=4, max_rounds=max_rounds)
         V = len(tok)
@@ -230,7 +231,7 @@ def dual(request, tok, pair, tmp_path_factory):
 
 CASES = [(name, {"p": p}, None) for name in ("word", "bernoulli", "chunk") for p in (0.25, 0.5, 0.75)]
 CASES += [("step", {"p": 0.5}, 2), ("step", {"p": 0.5}, None), ("alternate", {}, 3), ("alternate", {}, None),
-          ("none", {}, None)]
+          ("none", {}, None), ("sentence", {"p": 0.5, "max_gap": 6}, None), ("sentence", {"p": 0.5}, 3)]
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from helpers.tiny_models import make_tiny_model
 from helpers.trainers import EXAMPLES, length_reward
 
 from tandem_rlvr.config import ConfigError, load_config
-from tandem_rlvr.engines.handoff import make_schedule
+from tandem_rlvr.engines.handoff import Schedule, make_schedule, token_table
 from tandem_rlvr.engines.rollout import generate
 from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.engines.vllm_backend import VLLMEngine
@@ -58,7 +58,7 @@ class DualStandIn:
         self.requests += len(reqs)
         a = params[0].extra_args["tandem"]
         assert all(sp.extra_args["tandem"]["b"] == b for b, sp in enumerate(params)) and a["n"] == len(reqs)
-        schedule = make_schedule(a["schedule"], self.tok, p=a["p"], max_gap=a["max_gap"], chunk_size=a["chunk_size"])
+        schedule = Schedule.from_dict(a, token_table(self.tok))  # the round trip the dual engine's processor makes
         sampling = _sampling(params)
         ro = generate(self.senior, self.junior if schedule.name != "none" else None, *_pad(self.tok, reqs), schedule,
                       sampling, eos_token_ids=[e for e in params[0].stop_token_ids if e < self.V],

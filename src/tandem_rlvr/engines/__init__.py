@@ -11,6 +11,7 @@ trainer and the evaluation get one from :mod:`tandem_rlvr.engines.factory` and m
 What every engine shares (``Rollout``, ``Sampling``, sampling helpers) is :mod:`~tandem_rlvr.engines.types`;
 teacher-forced scoring of a rollout is :mod:`~tandem_rlvr.engines.scoring`.
 
-What each serves is declared once, torch-free, in :mod:`tandem_rlvr.engines.serving` (the configuration
-asks it). This package's ``__init__`` imports nothing heavy.
+Each handoff schedule is defined once, torch-free, in :mod:`tandem_rlvr.engines.schedules` (the registry every
+list of schedules derives from); what each engine serves is declared once, torch-free, in
+:mod:`tandem_rlvr.engines.serving` (the configuration asks both). This package's ``__init__`` imports nothing heavy.
 """

@@ -1,20 +1,16 @@
-"""Handoff schedules: who writes the next token of each sequence. The one place that says what a
-schedule means; every rollout engine asks it and none repeats a rule.
+"""Handoff schedules: who writes the next token of each sequence. What each schedule *is* (its rule, its
+level, how it picks authors, its parameters) is registered once in :mod:`tandem_rlvr.engines.schedules`; this
+module runs those rules for every rollout engine, and no engine repeats one.
 
-A schedule is a small immutable object. Its randomness comes from a :class:`CoinStream` (seeded, so
+A :class:`Schedule` is a small immutable object: a registered definition, P(senior) ``p``, the definition's
+parameters and the token table its rule reads. Its randomness comes from a :class:`CoinStream` (seeded, so
 the same seed and token stream give the same authors). It decides, after each token:
 
-- **who writes first**: the senior for ``none`` and ``alternate``, else coin 0;
-- **when a coin falls** (METHOD.md §2):
-
-  - ``none``: never (the senior writes everything: a vanilla GRPO rollout);
-  - ``bernoulli``: after every token (a fresh coin P(senior)=p before every token);
-  - ``word``: after each *boundary* token (a token whose text starts a word: byte-level ``Ġ``,
-    SentencePiece ``▁`` or a leading space), or after ``max_gap`` tokens without one. Paper: p = 0.5, K = 32;
-  - ``step``: after each step end (see below);
-  - ``alternate``: like ``step``, but the author always changes (the senior writes the first step);
-  - ``chunk``: after every ``chunk_size`` tokens;
-
+- **who writes first**: the senior for deterministic schedules (``none``, ``alternate``), else coin 0;
+- **when a coin falls**: where the definition's rule says so (METHOD.md §2; each rule's docstring in
+  :mod:`tandem_rlvr.engines.schedules`): ``none`` never, ``bernoulli`` after every token, ``word`` after each
+  word-start token or ``max_gap`` tokens without one, ``step`` / ``alternate`` at each step end, ``chunk``
+  after every ``chunk_size`` tokens, ``sentence`` after each sentence end or ``max_gap`` tokens without one;
 - **where a step ends**: at the token that completes the first ``"\\n\\n"`` of the current step:
   a token whose text holds ``"\\n\\n"``, or a token starting with ``"\\n"`` right after one ending
   with ``"\\n"`` *in the same step* (a tokenizer may split ``"\\n\\n"`` in two; the newline that ended
@@ -22,7 +18,7 @@ the same seed and token stream give the same authors). It decides, after each to
 - **the coins**: draw ``k`` of one seeded stream, row ``b``: draw 0 picks the first author, the coin
   after response token ``t`` is draw ``t + 1`` (token-level engines share the token positions), and
   the text bridge (whose authors do not share token positions) takes draw ``k`` at a row's ``k``-th
-  step end. A coin may keep the same author;
+  step end. A coin may keep the same author; ``alternate`` flips at each decision, ``none`` never decides;
 - **rounds**: author turns, 1 at the start, +1 at every change of author. A sequence ends once it
   would start turn ``max_rounds + 1`` (the evaluation's "at most 150 rounds").
 
@@ -33,40 +29,66 @@ token or turn by turn (for engines that write whole turns: vLLM, the text bridge
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
-from tandem_rlvr.names import LEVELS, NEEDS_TABLE, SCHEDULES, STEP_END, WORD_MARKERS, check_name
+from tandem_rlvr.engines.schedules import (SCHEDULES, STEP_END, TOKEN_FLAGS, ScheduleDef, get_schedule,
+                                           schedule_names, step_end)
 
 __all__ = ["SCHEDULES", "STEP_END", "SCHEDULE_SEED_OFFSET", "TokenTable", "token_table", "CoinStream", "HandoffState",
            "Schedule", "SequenceSchedule", "make_schedule", "simulate", "step_end", "over_rounds"]
 
 SCHEDULE_SEED_OFFSET = 1_000_003  # the coin stream of seed s is seeded s + this (sampling uses s itself)
+CORE_FLAGS = ("boundary", "ends_nl", "nl2", "starts_nl")  # read by the turn driver too (step ends)
 
 
-@dataclass(frozen=True)
 class TokenTable:
-    """Per-vocabulary-id flags derived once from a tokenizer (special tokens: all False).
+    """Per-vocabulary-id flags derived once from a tokenizer (special tokens: all False), one bool tensor per
+    flag of :data:`~tandem_rlvr.engines.schedules.TOKEN_FLAGS`, passed as ``<flag>_V``.
 
     ``boundary_V``: the token starts a word. ``ends_nl_V``: its text ends with a newline.
-    ``nl2_V``: its text holds ``"\\n\\n"``. ``starts_nl_V``: its text starts with a newline.
+    ``nl2_V``: its text holds ``"\\n\\n"``. ``starts_nl_V``: its text starts with a newline. Flags a
+    hand-built table leaves out are False for every id.
     """
 
-    boundary_V: torch.Tensor
-    ends_nl_V: torch.Tensor
-    nl2_V: torch.Tensor
-    starts_nl_V: torch.Tensor
+    def __init__(self, boundary_V=None, ends_nl_V=None, nl2_V=None, starts_nl_V=None, **more_V):
+        given = dict(zip(CORE_FLAGS, (boundary_V, ends_nl_V, nl2_V, starts_nl_V)))
+        for key, value in more_V.items():
+            if not key.endswith("_V") or key[:-2] not in TOKEN_FLAGS:
+                raise TypeError(f"TokenTable: unknown flag {key!r}; flags: {', '.join(f + '_V' for f in TOKEN_FLAGS)}")
+            given[key[:-2]] = value
+        size = next(int(v.numel()) for v in given.values() if v is not None)
+        self.flags_V = {k: v if v is not None else torch.zeros(size, dtype=torch.bool) for k, v in given.items()}
+
+    def flag(self, name: str) -> torch.Tensor:
+        """The flag ``name`` of every id (False everywhere for a flag registered after this table was built)."""
+        if name not in self.flags_V:
+            if name not in TOKEN_FLAGS:
+                raise KeyError(f"unknown token flag {name!r}")
+            self.flags_V[name] = torch.zeros(self.vocab_size, dtype=torch.bool)
+        return self.flags_V[name]
+
+    boundary_V = property(lambda self: self.flags_V["boundary"])
+    ends_nl_V = property(lambda self: self.flags_V["ends_nl"])
+    nl2_V = property(lambda self: self.flags_V["nl2"])
+    starts_nl_V = property(lambda self: self.flags_V["starts_nl"])
 
     @property
     def vocab_size(self) -> int:
-        return int(self.boundary_V.numel())
+        return int(self.flags_V["boundary"].numel())
 
     @cached_property
     def rows(self) -> list[tuple[bool, bool, bool, bool]]:
-        """``(boundary, ends_nl, nl2, starts_nl)`` per id as plain bools (fast per-token lookups)."""
-        return list(zip(*(t.tolist() for t in (self.boundary_V, self.ends_nl_V, self.nl2_V, self.starts_nl_V))))
+        """``(boundary, ends_nl, nl2, starts_nl)`` per id as plain bools."""
+        return list(zip(*(self.flags_V[f].tolist() for f in CORE_FLAGS)))
+
+    @cached_property
+    def lists(self) -> dict[str, list[bool]]:
+        """Every flag as a plain list of bools (fast per-token lookups: the sequence view)."""
+        return {k: self.flag(k).tolist() for k in TOKEN_FLAGS}
 
 
 def token_table(tokenizer, vocab_size: int | None = None) -> TokenTable:
@@ -75,20 +97,14 @@ def token_table(tokenizer, vocab_size: int | None = None) -> TokenTable:
     size = max(n_tok, vocab_size or 0)
     raw = tokenizer.convert_ids_to_tokens(list(range(n_tok)))
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    flags = torch.zeros(4, size, dtype=torch.bool)
+    names = tuple(TOKEN_FLAGS)
+    flags = torch.zeros(len(names), size, dtype=torch.bool)
     for i in range(n_tok):
         if i in special or raw[i] is None:
             continue
         text = tokenizer.decode([i], clean_up_tokenization_spaces=False)
-        flags[:, i] = torch.tensor([raw[i].startswith(WORD_MARKERS), text.endswith("\n"), STEP_END in text,
-                                    text.startswith("\n")])
-    return TokenTable(flags[0], flags[1], flags[2], flags[3])
-
-
-def step_end(nl2, starts_nl, turn_nl):
-    """Whether a token ends the step: it holds ``"\\n\\n"``, or starts with ``"\\n"`` after a token of the
-    same step that ended with one (``turn_nl``). Works on bools and on bool tensors alike."""
-    return nl2 | (turn_nl & starts_nl)
+        flags[:, i] = torch.tensor([TOKEN_FLAGS[n](raw[i], text) for n in names])
+    return TokenTable(**{f"{n}_V": flags[j] for j, n in enumerate(names)})
 
 
 def over_rounds(rounds, max_rounds: int | None):
@@ -137,10 +153,10 @@ def _int(x):
 @dataclass(frozen=True)
 class HandoffState:
     """Per-sequence schedule state. ``author_B``: True where the senior writes the next token;
-    ``gap_B``: tokens since the last coin; ``turn_nl_B``: the last token of the current step ended with
-    a newline; ``fresh_B``: the author was just decided (at the start and wherever a coin fell, even one
-    that kept the author: the engines' record of decisions, ``Rollout.turn_author_BT``); ``t``: tokens
-    emitted so far."""
+    ``gap_B``: tokens since the last coin; ``turn_nl_B``: what the rule carries over from the last token of
+    the current turn (``step``: it ended with a newline; ``sentence``: with a sentence mark); ``fresh_B``: the
+    author was just decided (at the start and wherever a coin fell, even one that kept the author: the
+    engines' record of decisions, ``Rollout.turn_author_BT``); ``t``: tokens emitted so far."""
 
     author_B: torch.Tensor
     gap_B: torch.Tensor
@@ -150,29 +166,89 @@ class HandoffState:
     t: int = 0
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """A handoff schedule; build one with :func:`make_schedule`.
+def _known_params() -> dict:
+    """Every parameter any registered schedule declares, by name."""
+    return {p.name: p for n in schedule_names() for p in get_schedule(n).params}
 
-    ``p`` is P(senior) of each coin; ``max_gap`` the word schedule's K; ``chunk_size`` the chunk
-    schedule's N. ``table`` is needed by ``word``, ``step`` and ``alternate``.
+
+class _Flags:
+    """The flags of the token(s) just emitted, read lazily by a rule: ``f[name]`` is ``read(table(), name)``
+    (a schedule whose rule reads no flag needs no table)."""
+
+    def __init__(self, table, read):
+        self.table, self.read = table, read
+
+    def __getitem__(self, name: str):
+        return self.read(self.table(), name)
+
+
+@dataclass(frozen=True, init=False)
+class Schedule:
+    """A handoff schedule: ``Schedule(name, p=0.5, table=None, **params)`` or :func:`make_schedule` (which
+    also builds the table from a tokenizer).
+
+    ``p`` is P(senior) of each coin; ``params`` the definition's parameters (``max_gap``: the word and
+    sentence schedules' K; ``chunk_size``: the chunk schedule's N), also readable as attributes (a parameter
+    this schedule does not declare reads as its default). ``table`` is needed where the definition reads
+    token flags (``word``, ``step``, ``alternate``, ``sentence``).
     """
 
     name: str
-    p: float = 0.5
-    max_gap: int = 32
-    chunk_size: int = 16
-    table: TokenTable | None = field(default=None, repr=False)
+    p: float
+    params: tuple[tuple[str, int], ...]
+    table: TokenTable | None = field(repr=False, compare=False)
+
+    def __init__(self, name: str, p: float = 0.5, table: TokenTable | None = None, **params):
+        spec, known = get_schedule(name), _known_params()
+        unknown = [k for k in params if k not in known]
+        if unknown:
+            raise ValueError(f"unknown handoff parameter(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        given = {k: known[k].check(v) for k, v in params.items()}  # every value given is checked, used or not
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "p", float(p))
+        object.__setattr__(self, "params", tuple(spec.param_values(given).items()))
+        object.__setattr__(self, "table", table)
+
+    def __getattr__(self, key: str):
+        if key.startswith("_") or key in ("name", "p", "params", "table"):
+            raise AttributeError(key)
+        values = dict(self.params)
+        if key in values:
+            return values[key]
+        known = _known_params()
+        if key in known:
+            return known[key].default
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
+
+    @property
+    def spec(self) -> ScheduleDef:
+        """The registered definition (:mod:`tandem_rlvr.engines.schedules`)."""
+        return get_schedule(self.name)
 
     @property
     def level(self) -> str:
         """``solo``, ``token`` or ``step``: where this schedule's coins can fall."""
-        return LEVELS[self.name]
+        return self.spec.level
 
     @property
     def uses_junior(self) -> bool:
         """Whether the junior can ever author a token under this schedule."""
-        return self.name != "none" and (self.name == "alternate" or self.p < 1.0)
+        authors = self.spec.authors
+        return authors == "alternate" or (authors == "coins" and self.p < 1.0)
+
+    def to_dict(self) -> dict:
+        """The schedule as plain values (name, p, its parameters): what an engine in another process needs
+        (the dual vLLM engine's request arguments); :meth:`from_dict` rebuilds it."""
+        return {"schedule": self.name, "p": self.p, **dict(self.params)}
+
+    @classmethod
+    def from_dict(cls, args: dict, table: TokenTable | None = None) -> Schedule:
+        """The schedule of :meth:`to_dict`'s ``args`` (other keys are ignored) with ``table``."""
+        spec = get_schedule(args["schedule"])
+        missing = [p.name for p in spec.params if p.name not in args]
+        if missing:
+            raise ValueError(f"handoff schedule {spec.name!r} arguments lack {', '.join(missing)}")
+        return cls(spec.name, p=args["p"], table=table, **{p.name: args[p.name] for p in spec.params})
 
     def coins(self, n: int, seed: int) -> CoinStream:
         """The seeded coin stream of ``n`` sequences."""
@@ -180,7 +256,7 @@ class Schedule:
 
     def first_authors(self, coins: CoinStream) -> torch.Tensor:
         """Who writes the first response token of each sequence (True = senior)."""
-        if self.name in ("none", "alternate"):
+        if self.spec.deterministic:
             return torch.ones(coins.n, dtype=torch.bool)
         return coins.table_KN[0].clone()
 
@@ -194,42 +270,31 @@ class Schedule:
     def advance(self, state: HandoffState, tok_B: torch.Tensor, coins: CoinStream) -> HandoffState:
         """State after each sequence emitted ``tok_B``: decides the author of the next token."""
         tok_B = tok_B.long().cpu()
-        if self.name in NEEDS_TABLE:
-            self.needed_table()
-        if self.table is not None:
-            flags = (self.table.boundary_V[tok_B], self.table.ends_nl_V[tok_B], self.table.nl2_V[tok_B],
-                     self.table.starts_nl_V[tok_B])
-        else:
-            flags = (torch.zeros_like(state.author_B),) * 4
-        author, gap, rounds, turn_nl, due = self.after(state.author_B, state.gap_B, state.rounds_B, state.turn_nl_B,
-                                                       flags, lambda: coins.row(state.t + 1))
-        return HandoffState(author, gap, rounds, turn_nl, torch.as_tensor(due).expand_as(author).clone(), state.t + 1)
+        flags = _Flags(self.needed_table, lambda table, name: table.flag(name)[tok_B])
+        author, gap, rounds, carry, due = self.after(state.author_B, state.gap_B, state.rounds_B, state.turn_nl_B,
+                                                     flags, lambda: coins.row(state.t + 1))
+        due = torch.as_tensor(due).expand_as(author).clone()
+        return HandoffState(author, gap, rounds, torch.as_tensor(carry).expand_as(author).clone(), due, state.t + 1)
 
-    def after(self, author, gap, rounds, turn_nl, flags, coin):
-        """The rule, on one sequence (bools and ints) or a batch (tensors): the state after a token with
-        ``flags = (boundary, ends_nl, nl2, starts_nl)``; ``coin()`` reads the coin due there. Returns
-        ``(author, gap, rounds, turn_nl, due)``, ``due`` where a coin fell."""
-        boundary, ends_nl, nl2, starts_nl = flags
+    def after(self, author, gap, rounds, carry, flags, coin):
+        """The rule, on one sequence (bools and ints) or a batch (tensors): the state after a token whose
+        flags ``flags[name]`` reads; ``coin()`` reads the coin due there. Returns
+        ``(author, gap, rounds, carry, due)``, ``due`` where a coin fell."""
+        spec = self.spec
         gap = gap + 1
-        if self.name == "word":
-            due = boundary | (gap >= self.max_gap)
-        elif self.name == "chunk":
-            due = gap >= self.chunk_size
-        elif self.level == "step":
-            due = step_end(nl2, starts_nl, turn_nl)
-        else:  # bernoulli: after every token; none: never
-            due = (gap > 0) if self.name == "bernoulli" else (gap < 0)
-        if self.name == "alternate":
+        due, carry = spec.rule(flags, gap, carry, dict(self.params))
+        if spec.authors == "alternate":
             new = author ^ due
-        elif self.name == "none":
+        elif spec.authors == "senior":
             new = author
         else:
             new = author ^ (due & (coin() ^ author))
         rounds = rounds + _int(new != author)
-        return new, _where(due, 0, gap), rounds, ends_nl & (due ^ True), due
+        carry = (carry & (due ^ True)) if carry is not None else (due & False)
+        return new, _where(due, 0, gap), rounds, carry, due
 
     def needed_table(self) -> TokenTable:
-        """The token table, which ``word``, ``step`` and ``alternate`` need (a clear error without one)."""
+        """The token table, which schedules that read token flags need (a clear error without one)."""
         if self.table is None:
             raise ValueError(f"handoff schedule {self.name!r} needs a token table (pass a tokenizer)")
         return self.table
@@ -265,9 +330,8 @@ class SequenceSchedule:
         """Advance past one emitted token; True when a coin fell after it (the turn ends there, though
         the coin may keep the same author). ``table``: the flags of the vocabulary ``tok`` belongs to, where
         the authors' vocabularies differ (the turn driver); default the schedule's own table."""
-        if table is None:
-            table = self.schedule.needed_table() if self.schedule.name in NEEDS_TABLE else self.schedule.table
-        flags = table.rows[tok] if table is not None else (False, False, False, False)
+        flags = _Flags(self.schedule.needed_table if table is None else lambda: table,
+                       lambda tab, name: tab.lists[name][tok])
         self.t += 1
         return self._after(flags, self.t)
 
@@ -277,13 +341,14 @@ class SequenceSchedule:
         if self.schedule.level != "step":
             raise ValueError(f"end_step() is for step-level schedules, not {self.schedule.name!r}")
         self.steps += 1
-        return self._after((False, False, True, False), self.steps)
+        return self._after(defaultdict(bool, nl2=True), self.steps)
 
     def max_turn_tokens(self) -> int | None:
-        """Tokens the current author may write before the next coin that does not depend on the text:
-        ``bernoulli`` 1, ``chunk`` the rest of the chunk, ``word`` the rest of ``max_gap``; None otherwise."""
-        s = self.schedule
-        return {"bernoulli": 1, "chunk": s.chunk_size - self.gap, "word": s.max_gap - self.gap}.get(s.name)
+        """Tokens the current author may write before the next coin that does not depend on the text
+        (``bernoulli`` 1, ``chunk`` the rest of the chunk, ``word`` and ``sentence`` the rest of ``max_gap``);
+        None where every coin depends on the text."""
+        turn_tokens = self.schedule.spec.turn_tokens
+        return turn_tokens(self.gap, dict(self.schedule.params)) if turn_tokens else None
 
     def stop_strings(self) -> list[str]:
         """Texts at which a turn of a step-level schedule ends (an engine's stop strings)."""
@@ -291,7 +356,7 @@ class SequenceSchedule:
 
     def boundary_ids(self) -> list[int]:
         """Token ids after which the ``word`` schedule draws a coin (an engine's stop token ids)."""
-        if self.schedule.name != "word":
+        if "boundary" not in self.schedule.spec.flags:
             return []
         return self.schedule.needed_table().boundary_V.nonzero().flatten().tolist()
 
@@ -300,32 +365,24 @@ class SequenceSchedule:
         return bool(over_rounds(self.rounds, max_rounds))
 
 
-def make_schedule(
-    name: str,
-    tokenizer=None,
-    *,
-    p: float = 0.5,
-    max_gap: int = 32,
-    chunk_size: int = 16,
-    vocab_size: int | None = None,
-    table: TokenTable | None = None,
-) -> Schedule:
-    """Build a schedule by name (one of :data:`SCHEDULES`); unknown names and bad values raise."""
-    check_name(name)
+def make_schedule(name: str, tokenizer=None, *, p: float = 0.5, vocab_size: int | None = None,
+                  table: TokenTable | None = None, **params) -> Schedule:
+    """Build a schedule by name (one of :data:`SCHEDULES`); ``params`` its parameters (``max_gap``,
+    ``chunk_size``; any registered parameter is accepted and checked, used or not). Unknown names and bad
+    values raise."""
+    spec = get_schedule(name)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"handoff.p must be in [0, 1], got {p}")
-    if max_gap < 1 or chunk_size < 1:
-        raise ValueError(f"handoff.max_gap and chunk_size must be >= 1, got {max_gap}, {chunk_size}")
-    if name in NEEDS_TABLE and table is None:
+    schedule = Schedule(name, p=float(p), **params)
+    if spec.needs_table and table is None:
         if tokenizer is None:
             raise ValueError(f"handoff schedule {name!r} needs the tokenizer to find its boundaries")
         table = token_table(tokenizer, vocab_size)
-    if name == "word" and not bool(table.boundary_V.any()):
-        raise ValueError(
-            f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no word-start tokens "
-            f"(none starts with {WORD_MARKERS}); the 'word' schedule cannot be used with it"
-        )
-    return Schedule(name=name, p=float(p), max_gap=int(max_gap), chunk_size=int(chunk_size), table=table)
+    problem = spec.table_problem(lambda flag: bool(table.flag(flag).any())) if spec.table_problem else None
+    if problem:
+        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} {problem}; "
+                         f"the {name!r} schedule cannot be used with it")
+    return Schedule(name, p=schedule.p, table=table, **dict(schedule.params))
 
 
 def simulate(schedule: Schedule, tokens_BT: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

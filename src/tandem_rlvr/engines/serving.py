@@ -1,11 +1,13 @@
-"""Which engine serves which handoff schedule: declared once, torch-free (``config.validate`` asks it)."""
+"""Which engine serves which handoff schedule: declared once, torch-free (``config.validate`` asks it), from the
+schedule registry (:mod:`tandem_rlvr.engines.schedules`): the in-process and dual vLLM engines serve every
+registered schedule, the text bridge the step-level ones."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tandem_rlvr.errors import BridgeError, EngineError
-from tandem_rlvr.names import SCHEDULES
+from tandem_rlvr.engines.schedules import get_schedule, schedule_names
 
 ENGINES = ("hf", "vllm")  # rollout.engine / eval --engine
 MODES = ("lockstep", "catchup")  # rollout.mode / eval --mode: how the in-process engine keeps both models in step
@@ -34,13 +36,14 @@ class Serves:
             raise self.error(why)
 
 
-IN_PROCESS = Serves("in-process", SCHEDULES)
-VLLM = Serves("vllm", ("none", "step", "alternate", "word", "bernoulli", "chunk"),  # the dual engine (engines.vllm_dual)
+IN_PROCESS = Serves("in-process", schedule_names())
+VLLM = Serves("vllm", schedule_names(),  # the dual engine (engines.vllm_dual)
               "vLLM serves every handoff schedule of tandem_rlvr.engines.handoff; this one is not among them")
 VLLM_SOLO = Serves("vllm solo", ("none",), "a plain vLLM engine holds the senior alone (solo arms); tandem "
                    "rollouts run on the dual engine (tandem_rlvr.engines.vllm_dual)")
+STEP_LEVEL = tuple(n for n in schedule_names() if get_schedule(n).level == "step")  # coins only at step ends
 BRIDGE = Serves(
-    "text bridge", ("step", "alternate"),
+    "text bridge", STEP_LEVEL,
     "the senior and junior tokenizers differ, so a handoff can only fall at a step end, where both read the "
     "same text; word and token handoffs fall at token boundaries of one vocabulary that the other does not "
     "share. Use handoff.schedule=step or alternate, or a junior with the senior's tokenizer", BridgeError)

@@ -298,5 +298,5 @@ class VLLMEngine(EngineBase):
 def check_vllm_schedule(schedule: Schedule) -> None:
     """Raise unless the vLLM engines serve ``schedule`` (see :data:`tandem_rlvr.engines.serving.VLLM`)."""
     VLLM.check(schedule.name)
-    if schedule.name in ("step", "alternate", "word") and schedule.table is None:
+    if schedule.spec.needs_table and schedule.table is None:
         raise ValueError(f"handoff schedule {schedule.name!r} needs a token table (pass the tokenizer)")

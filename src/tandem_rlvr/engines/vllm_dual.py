@@ -135,8 +135,7 @@ class DualVLLMEngine(EngineBase):
 
     def _params(self, schedule: Schedule, sampling: Sampling, seed: int, n: int, b: int, max_rounds: int | None):
         stop = self.eos + [e + self.V for e in self.eos] + [2 * self.V]
-        args = {"schedule": schedule.name, "p": schedule.p, "max_gap": schedule.max_gap, "chunk_size": schedule.chunk_size,
-                "n": n, "b": b, "seed": seed, "max_rounds": max_rounds}
+        args = {**schedule.to_dict(), "n": n, "b": b, "seed": seed, "max_rounds": max_rounds}  # Schedule.from_dict
         return self.params_cls(n=1, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
                                top_p=sampling.top_p, top_k=sampling.top_k, seed=(seed * 7919 + b) % (2**31 - 1),
                                stop_token_ids=stop, detokenize=False, extra_args={"tandem": args})

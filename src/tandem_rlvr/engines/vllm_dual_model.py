@@ -157,14 +157,12 @@ def _row_state(args: dict, tables: dict, coins: dict):
     """A fresh :class:`SequenceSchedule` for one request (schedules and coin streams shared across requests)."""
     from tandem_rlvr.engines.handoff import Schedule, SequenceSchedule
 
-    key = (args["schedule"], args["p"], args["max_gap"], args["chunk_size"])
-    if key not in tables:
-        tables[key] = Schedule(args["schedule"], p=args["p"], max_gap=args["max_gap"], chunk_size=args["chunk_size"],
-                               table=tables.get("table"))
-    ckey = (args["n"], args["p"], args["seed"])
+    schedule = Schedule.from_dict(args, tables.get("table"))  # the engine's Schedule.to_dict() (and n, b, seed)
+    schedule = tables.setdefault(tuple(schedule.to_dict().items()), schedule)
+    ckey = (args["n"], schedule.p, args["seed"])
     if ckey not in coins:
-        coins[ckey] = tables[key].coins(args["n"], args["seed"])
-    return SequenceSchedule(tables[key], coins[ckey], args["b"])
+        coins[ckey] = schedule.coins(args["n"], args["seed"])
+    return SequenceSchedule(schedule, coins[ckey], args["b"])
 
 
 class TandemLogitsProcessor(V1LogitsProcessor):

@@ -7,15 +7,16 @@ record of its decisions (see :class:`~tandem_rlvr.engines.types.Rollout`), and t
 
 1. **Mask vs. record.** Where the engine records ``turn_author_BT`` (the in-process engine and the
    vLLM backend), the author of every response token must be the author the schedule chose at the
-   last decision before it; ``alternate`` decisions must start with the senior and alternate;
-   ``none`` decisions must all be the senior. One disagreeing token stops the run. The text bridge
+   last decision before it; a deterministic schedule's decisions must be the ones its definition gives
+   (:meth:`~tandem_rlvr.engines.schedules.ScheduleDef.fixed_author`: ``alternate`` starts with the senior and
+   alternates, ``none`` is all senior). One disagreeing token stops the run. The text bridge
    re-encodes the final text, so it has no token-level record: it records each row's turns, and a
    row whose turns all went to one author must be owned entirely by that author (an all-senior or
    all-junior mask on a row with turns of both authors is caught by 2. under ``step``; ``alternate``
    has no coins, so there only the rows are checked). A rollout with no record at all stops the run.
-2. **Coins vs. p.** For coin schedules (bernoulli, word, step, chunk) the outcomes of the coins that
-   decided who writes are i.i.d. Bernoulli(p): each coin is drawn before, and independently of,
-   the decision to use it (a redraw depends on the tokens so far only). Their expectation is p
+2. **Coins vs. p.** For coin schedules (``authors="coins"``: bernoulli, word, step, chunk, sentence) the
+   outcomes of the coins that decided who writes are i.i.d. Bernoulli(p): each coin is drawn before,
+   and independently of, the decision to use it (a redraw depends on the tokens so far only). Their expectation is p
    whatever the word or step lengths, unlike the senior *token* share. With ``n`` coins of which
    ``k`` chose the senior, the step stops when ``|k/n - p| > eps(n)`` with
    ``eps(n) = sqrt(ln(2 N / delta) / (2 n))``, ``N`` an upper bound on ``n`` fixed before the step
@@ -36,8 +37,8 @@ from collections.abc import Callable
 import torch
 
 from tandem_rlvr.errors import TandemError
-from tandem_rlvr.names import COIN_SCHEDULES
 from tandem_rlvr.engines.handoff import Schedule
+from tandem_rlvr.engines.schedules import get_schedule
 from tandem_rlvr.engines.types import Rollout
 
 FALSE_ALARM = 1e-6  # per step: the chance that a correct step fails the coin test
@@ -63,11 +64,9 @@ def token_disagreements(rollout: Rollout) -> int:
     expected, decided = _expected_owner(turn)
     bad = live & (~decided | (expected != rollout.owner_BT.long()))
     decision = live & (turn >= 0)
-    if rollout.schedule == "none":
-        bad |= decision & (turn != 1)
-    elif rollout.schedule == "alternate":  # senior first, then strict alternation
-        k = decision.long().cumsum(-1) - 1
-        bad |= decision & (turn != (k % 2 == 0).long())
+    fixed = get_schedule(rollout.schedule).fixed_author(decision.long().cumsum(-1) - 1)  # decision k's author
+    if fixed is not None:  # a deterministic schedule (none: all senior; alternate: senior first, then alternating)
+        bad |= decision & (turn != fixed.long())
     return int(bad.sum())
 
 
@@ -110,7 +109,7 @@ def check_ownership(rollout: Rollout, schedule: Schedule, budget: int,
     if bad:
         raise TandemError(f"the ownership mask disagrees with the handoff schedule's record of authors at {int(bad)} "
                           f"{what} of this step (handoff.schedule={name}); refusing to train on it")
-    if name not in COIN_SCHEDULES:
+    if schedule.spec.deterministic:  # no coins to test
         return {}
     n = reduce(float(rollout.decisions_B.sum()))
     k = reduce(float(rollout.senior_decisions_B.sum()))
