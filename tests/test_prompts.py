@@ -82,6 +82,20 @@ def test_prompt_column_is_rendered_as_written_with_the_system_prompt_added(tmp_p
                    "<system>Sys.</system><user>Plain text prompt: 1+1?</user><assistant>"]  # no suffix, no template
 
 
+def test_prompt_column_of_a_csv_file_holds_json_messages(tmp_path):
+    import csv
+
+    f = tmp_path / "chat.csv"
+    with f.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["messages", "answer"])
+        w.writerow([json.dumps([{"role": "user", "content": "What is 6*7?"}]), "42"])
+        w.writerow(["[0, 1] is an interval; how long is it?", "1"])  # text that is no JSON list of messages
+    ex = load_examples(str(f), prompt_key="messages")
+    assert [e.problem.messages for e in ex] == [({"role": "user", "content": "What is 6*7?"},),
+                                                ({"role": "user", "content": "[0, 1] is an interval; how long is it?"},)]
+
+
 def test_prompt_column_skips_bad_rows_and_counts_them(tmp_path, caplog):
     import logging
 

@@ -125,7 +125,7 @@ class DataConfig:
     subset: str = _f("", "Config (subset) name of a Hugging Face dataset id in data.train (load_dataset's second argument); empty = the dataset's default.")
     problem_key: str = _f("problem", "Problem column of a local file or Hugging Face dataset.")
     answer_key: str = _f("answer", "Answer column of a local file or Hugging Face dataset.")
-    prompt_key: str = _f("", "Column holding each row's prompt as chat messages (a list of {role, content}; a text cell is one user turn), rendered as written with the chat template (no template, no suffix); its last user turn is the problem text. Empty = the prompt is built from data.problem_key. Files and Hugging Face datasets only; also val.data's column.")
+    prompt_key: str = _f("", "Column holding each row's prompt as chat messages (a list of {role, content}, or that list as JSON text in a CSV cell; other text is one user turn), rendered as written with the chat template (no template, no suffix); its last user turn is the problem text. Empty = the prompt is built from data.problem_key. Files and Hugging Face datasets only; also val.data's column.")
     prompt_template: str = _f("", "The user turn, every {problem} replaced by the problem (other braces kept as written: \\boxed{} needs no escaping); must contain {problem}. Empty = the problem + the paper's instruction (tandem_rlvr.prompts.PROMPT_SUFFIX). Not with data.prompt_key. Applies to validation too.")
     system_prompt: str = _f("", "A system message before the user turn (empty = none; a prompt column's own system message wins). Applies to validation too.")
     chat_template_kwargs: dict = _f({}, "Extra keyword arguments of tokenizer.apply_chat_template, e.g. {enable_thinking: false} for Qwen3. Applies to validation too.")
