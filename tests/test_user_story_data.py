@@ -72,3 +72,36 @@ def test_hub_chat_dataset_and_reward_file_beside_the_config(tmp_path, monkeypatc
     assert (reward("so it is 2", "2"), reward("so it is 3", "2")) == (1.0, 0.0)
     _, ids = encode_prompts(tokenizer, examples, max_prompt_tokens=cfg.rollout.max_prompt_tokens)
     assert len(ids) == 4
+
+
+def test_one_training_step_from_the_story_config(tmp_path, monkeypatch, model_dirs, tokenizer):
+    """`tandem-rlvr train config.yaml` in that directory trains one step and validates, on the chat prompts."""
+    import json
+
+    import yaml
+
+    from tandem_rlvr import data
+    from tandem_rlvr.cli import main
+
+    cache = tmp_path / "hf-cache"
+    cache_hub_dataset(cache, "myorg/chat-math", {"train": _rows(4), "test": _rows(2, offset=10)})
+    use_cache(monkeypatch, cache)
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "reward.py").write_text(REWARD_PY, encoding="utf-8")
+    (exp / "config.yaml").write_text(CONFIG_YAML.format(senior=model_dirs[0], junior=model_dirs[1]), encoding="utf-8")
+    monkeypatch.chdir(exp)
+    rendered = []
+    original = data.render_prompt
+    monkeypatch.setattr(data, "render_prompt", lambda tok, p: rendered.append(original(tok, p)) or rendered[-1])
+
+    assert main(["train", "config.yaml"]) == 0
+    rows = [json.loads(x) for x in (exp / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1] and any("val/pass@1" in r for r in rows)
+    saved = yaml.safe_load((exp / "run" / "config.yaml").read_text())["data"]
+    assert saved["reward"] == f"{exp / 'reward.py'}:last_number" and saved["prompt_key"] == "messages"
+    system_first = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 0 + 0?"}],
+        add_generation_prompt=True, tokenize=False)
+    assert system_first in rendered  # the training prompts were the chat messages, system prompt first
+    assert not any("Solve the following" in r for r in rendered)
