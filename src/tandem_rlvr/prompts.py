@@ -88,10 +88,11 @@ def messages_from_cell(cell: Any, fmt: PromptFormat) -> tuple[ChatProblem | None
     """A prompt column's cell as ``(ChatProblem, "")``, or ``(None, why)`` for a row to skip.
 
     The cell is a list of ``{role, content}`` (string role and content, at least one user turn), used as
-    written (the system prompt is prepended when it has no system turn; no template, no suffix); or a
-    string, which is one user turn as written. The problem text is the last user turn's content."""
+    written (the system prompt is prepended when it has no system turn; no template, no suffix), also as
+    JSON text (a CSV cell); or other text, which is one user turn as written. The problem text is the last
+    user turn's content."""
     if isinstance(cell, str):
-        cell = [{"role": "user", "content": cell}]
+        cell = _json_messages(cell) or [{"role": "user", "content": cell}]
     if cell is None:
         return None, "missing prompt"
     if not isinstance(cell, Sequence) or not cell:
@@ -103,6 +104,19 @@ def messages_from_cell(cell: Any, fmt: PromptFormat) -> tuple[ChatProblem | None
     if not users or not users[-1].strip():
         return None, "prompt without a user turn"
     return ChatProblem(users[-1], fmt._with_system([dict(m) for m in cell]), fmt.chat_template_kwargs), ""
+
+
+def _json_messages(text: str) -> list | None:
+    """``text`` as a JSON list of objects (chat messages written into a CSV cell), else None."""
+    import json
+
+    if not text.lstrip().startswith("["):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, list) and value and all(isinstance(m, dict) for m in value) else None
 
 
 def template_problem(template: str) -> str | None:
