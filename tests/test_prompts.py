@@ -139,7 +139,7 @@ def test_training_validation_and_evaluation_render_alike(tmp_path, think_tok):
 
     f = _rows(tmp_path / "t.jsonl", [{"problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(3)])
     cfg = _cfg(tmp_path, train=f, prompt_template="Solve {problem} now.", system_prompt="S.",
-               chat_template_kwargs={"enable_thinking": False})
+               chat_template_kwargs={"enable_thinking": False, "documents_seen": []})  # a list value too
     cfg.val.data, cfg.val.limit = f, 0
     train = train_examples(cfg)
     val = val_examples(cfg)

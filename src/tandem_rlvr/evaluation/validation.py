@@ -22,7 +22,7 @@ def val_examples(cfg) -> list:
     from tandem_rlvr.data import val_examples as load_val
 
     d, v = cfg.data, cfg.val
-    key = (v.data, v.split, v.subset, v.limit, d.problem_key, d.answer_key, d.prompt_key, prompt_format(cfg))
+    key = (v.data, v.split, v.subset, v.limit, d.problem_key, d.answer_key, d.prompt_key, repr(prompt_format(cfg)))
     if key not in _CACHE:
         _CACHE[key] = load_val(cfg, limit=v.limit or None)  # data's columns and prompt format, as training
     return _CACHE[key]
