@@ -19,6 +19,7 @@ import yaml
 
 from tandem_rlvr.config_bounds import Bounds, allowed, bounds_of, check_fields, model_checks, run_dir_problem
 from tandem_rlvr.configs import resolve
+from tandem_rlvr.data_keys import data_checks, reward_path
 from tandem_rlvr.engines.schedules import SCHEDULES
 from tandem_rlvr.engines.serving import ENGINES, MODES
 from tandem_rlvr.errors import ConfigError  # noqa: F401 (raised here; also importable from here)
@@ -126,19 +127,25 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    train: str = _f("deepscaler", "Training data: a benchmark name (docs/rewards-and-data.md), world/train, or a local JSONL/JSON/CSV/parquet file.")
-    train_split: str | None = _f(None, "Split of a named benchmark (default: its training split).")
-    problem_key: str = _f("problem", "Problem column of a local file.")
-    answer_key: str = _f("answer", "Answer column of a local file.")
-    reward: str = _f("math", "Reward: math (math-verify on the last \\boxed{}), gsm8k, boxed_exact, or your own function as package.module:function, plain (completion, gold) or with TRL's reward signature (docs/trl.md); run in-process, no time limit.")
+    train: str = _f("deepscaler", "Training data: a benchmark name (docs/rewards-and-data.md), world/train, a local JSONL/JSON/CSV/parquet file, a Hugging Face dataset id org/name (datasets.load_dataset; offline: from the local datasets cache) or a dataset directory (Dataset.save_to_disk, or a folder of data files). A relative path is read from the current directory.")
+    train_split: str | None = _f(None, "Split of a named benchmark or a Hugging Face dataset (default: the benchmark's training split; a dataset's train split, or its only one).")
+    subset: str = _f("", "Config (subset) name of a Hugging Face dataset id in data.train (load_dataset's second argument); empty = the dataset's default.")
+    problem_key: str = _f("problem", "Problem column of a local file or Hugging Face dataset.")
+    answer_key: str = _f("answer", "Answer column of a local file or Hugging Face dataset.")
+    prompt_key: str = _f("", "Column holding each row's prompt as chat messages (a list of {role, content}, or that list as JSON text in a CSV cell; other text is one user turn), rendered as written with the chat template (no template, no suffix); its last user turn is the problem text. Empty = the prompt is built from data.problem_key. Files and Hugging Face datasets only; also val.data's column.")
+    prompt_template: str = _f("", "The user turn, every {problem} replaced by the problem (other braces kept as written: \\boxed{} needs no escaping); must contain {problem}. Empty = the problem + the paper's instruction (tandem_rlvr.prompts.PROMPT_SUFFIX). Not with data.prompt_key. Applies to validation too.")
+    system_prompt: str = _f("", "A system message before the user turn (empty = none; a prompt column's own system message wins). Applies to validation too.")
+    chat_template_kwargs: dict = _f({}, "Extra keyword arguments of tokenizer.apply_chat_template, e.g. {enable_thinking: false} for Qwen3. Applies to validation too.")
+    reward: str = _f("math", "Reward: math (math-verify on the last \\boxed{}), gsm8k, boxed_exact, or your own function as package.module:function or path/to/file.py:function (a relative path from the config file's directory; given on the command line, from the current directory), plain (completion, gold) or with TRL's reward signature (docs/trl.md); run in-process, no time limit.")
     reward_timeout_s: float = _f(2.0, "Hard time limit of one answer check.", gt=0)
     reward_workers: int = _f(2, "Worker processes for answer checking.", ge=1)
 
 
 @dataclass
 class ValConfig:
-    data: str | None = _f(None, "Validation data (name or file); None = no validation.")
-    split: str | None = _f(None, "Split of a named benchmark, e.g. val for deepscaler's 1,000 held-out problems.")
+    data: str | None = _f(None, "Validation data (as data.train: a name, file, dataset id or directory, with data's columns and prompt keys); None = no validation.")
+    split: str | None = _f(None, "Split of a named benchmark or Hugging Face dataset, e.g. val for deepscaler's 1,000 held-out problems (a dataset with several splits needs it).")
+    subset: str = _f("", "Config (subset) name of a Hugging Face dataset id in val.data; empty = the dataset's default.")
     every: int = _f(0, "Validate every N steps (0 = off).", ge=0)
     n: int = _f(4, "Samples per validation problem.", ge=1)
     limit: int = _f(64, "Validation problems used (0 = all).", ge=0, note="0 = all")
@@ -237,12 +244,6 @@ class EvalOptions:
 
     def __post_init__(self) -> None:  # flags and --config values alike, before any model loads
         check_fields(self, lambda name: f"eval option {name!r} (--{name.replace('_', '-')})")
-
-
-def _select_k(select: str) -> int | None:
-    """K of a ``val.select`` value ``pass@K`` (K in 1, 2, 4, 8: the pass@k validation computes), else None."""
-    head, _, k = str(select).partition("@")
-    return int(k) if head == "pass" and k in ("1", "2", "4", "8") else None
 
 
 def eval_default(name: str) -> Any:
@@ -390,6 +391,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
         _merge(cfg, data)
+        reward_path(cfg.data, p.resolve().parent)  # a reward.py beside the config file (others: the cwd)
     if overrides:
         _merge(cfg, parse_overrides(overrides))
     cfg.train.out_dir = os.path.expanduser(cfg.train.out_dir)  # once, here: the run, preflight and resume agree
@@ -426,15 +428,13 @@ def validate(cfg: Config) -> None:
     problem = run_dir_problem(cfg.train.out_dir)
     if problem is not None:
         raise ConfigError(f"config key 'train.out_dir' {problem}")
-    for ok, key, msg in _cross_checks(cfg) + _engine_checks(cfg) + model_checks(cfg):
+    for ok, key, msg in _cross_checks(cfg) + data_checks(cfg) + _engine_checks(cfg) + model_checks(cfg):
         if not ok:
             raise ConfigError(f"config key {key!r} {msg}")
 
 
 def _cross_checks(cfg: Config) -> list:
-    """The checks that read more than one key (or a key's value beyond its range: val.select, data.reward)."""
-    from tandem_rlvr.names import REWARD_KINDS
-
+    """The checks that read more than one key (those of the data and val sections: data_keys.data_checks)."""
     a, t, r = cfg.algo, cfg.train, cfg.rollout
     checks = [
         (bool(cfg.model.senior), "model.senior", "must name a model (a local path or hub name)"),
@@ -447,13 +447,8 @@ def _cross_checks(cfg: Config) -> list:
         (r.batch_size % a.group_size == 0, "rollout.batch_size", "must be 0 or a multiple of algo.group_size"),
         (t.preempt_exit_code not in (2, 75, 124), "train.preempt_exit_code",
          f"must be in 1..255 and differ from the other exit codes (2, 75, 124), got {t.preempt_exit_code}"),
-        (cfg.val.every == 0 or bool(cfg.val.data), "val.data", "is required when val.every > 0"),
-        (_select_k(cfg.val.select) is not None and _select_k(cfg.val.select) <= cfg.val.n, "val.select",
-         f"must be pass@K with K in 1, 2, 4, 8 and K <= val.n ({cfg.val.n}), got {cfg.val.select!r}"),
         (not cfg.model.bridge or (a.arm == "trlvr" and not cfg.model.self_paired),
          "model.bridge", "needs algo.arm=trlvr and a separate model.junior (per-token KL needs one shared vocabulary)"),
-        (cfg.data.reward in REWARD_KINDS or ":" in cfg.data.reward, "data.reward",
-         f"must be {', '.join(REWARD_KINDS)} or package.module:function, got {cfg.data.reward!r}"),
     ]
     if a.senior_frac_band is not None:
         band = a.senior_frac_band

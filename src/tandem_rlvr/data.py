@@ -1,10 +1,13 @@
-"""Prompts and math problem sets: named hub benchmarks, local files and the built-in world.
+"""Prompts and math problem sets: named hub benchmarks, Hugging Face dataset ids and directories, local
+files and the built-in world.
 
 Every loader returns ``list[Example]`` (``id``, ``problem``, ``answer`` as strings). Rows whose
 problem or answer is missing or empty, or whose problem exceeds ``max_problem_chars``, are skipped
 and counted in a one-line ``logging`` warning; anything that makes a whole source unusable (missing
 file, bad encoding or syntax, missing column, no usable row, unknown name, unreachable hub) raises
-:class:`DataError` naming the culprit.
+:class:`DataError` naming the culprit. A prompt column, template, system prompt or chat-template
+arguments (:class:`~tandem_rlvr.prompts.PromptFormat`) make each problem a
+:class:`~tandem_rlvr.prompts.ChatProblem`, which :func:`render_prompt` renders wherever it is called.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tandem_rlvr.benchmarks import BENCHMARKS, BenchmarkSpec, HubSource
 from tandem_rlvr.errors import DataError  # noqa: F401 (raised here; also importable from here)
+from tandem_rlvr.prompts import PROMPT_SUFFIX, ChatProblem, PromptFormat, chat_messages, messages_from_cell, plain_turn
 
 __all__ = [
     "BENCHMARKS",
@@ -29,21 +34,21 @@ __all__ = [
     "PLAIN_PROMPT_TEMPLATE",
     "PROMPT_SUFFIX",
     "BenchmarkSpec",
+    "ChatProblem",
     "DataError",
     "Example",
     "HubSource",
+    "PromptFormat",
     "build_user_turn",
     "holdout_indices",
     "load_examples",
     "render_prompt",
+    "train_examples",
+    "val_examples",
 ]
 
 logger = logging.getLogger(__name__)
 
-PROMPT_SUFFIX = (
-    " Solve the following math problem step by step. Put your final answer inside \\boxed{}, "
-    "like \\boxed{42} or \\boxed{\\frac{1}{2}}."
-)
 # Used when a tokenizer has no chat template (a base model): the user turn, then "Answer:".
 PLAIN_PROMPT_TEMPLATE = "Question: {user_turn}\nAnswer:"
 MAX_PROBLEM_CHARS = 100_000
@@ -51,10 +56,9 @@ FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 ANSWER_FORMATS = ("plain", "gsm8k")
 
 
-
 @dataclass(frozen=True)
 class Example:
-    """One math problem with its gold answer."""
+    """One math problem with its gold answer (``problem``: a ``str``, a :class:`ChatProblem` under a prompt format)."""
 
     id: str
     problem: str
@@ -73,116 +77,21 @@ def build_user_turn(problem: str) -> str:
 def render_prompt(tokenizer: Any, problem: str) -> str:
     """The prompt string for ``problem``: the tokenizer's chat template with one user turn and the
     generation prompt (no system prompt), or, for a tokenizer without a chat template,
-    :data:`PLAIN_PROMPT_TEMPLATE` (``"Question: <user turn>\\nAnswer:"``)."""
-    user_turn = build_user_turn(problem)
+    :data:`PLAIN_PROMPT_TEMPLATE` (``"Question: <user turn>\\nAnswer:"``). A :class:`ChatProblem` renders its
+    own messages with its ``chat_template_kwargs`` (without a chat template: their contents, a blank line apart)."""
+    chat = isinstance(problem, ChatProblem)
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": user_turn}], add_generation_prompt=True, tokenize=False
-        )
+        messages = chat_messages(problem) if chat else [{"role": "user", "content": build_user_turn(problem)}]
+        kwargs = dict(problem.chat_template_kwargs) if chat else {}
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
     name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
     if name not in _WARNED_PLAIN:  # once per tokenizer, not once per prompt
         _WARNED_PLAIN.add(name)
         logger.warning("data: tokenizer %r has no chat template; using the plain prompt %r", name, PLAIN_PROMPT_TEMPLATE)
-    return PLAIN_PROMPT_TEMPLATE.format(user_turn=user_turn)
+    return PLAIN_PROMPT_TEMPLATE.format(user_turn=plain_turn(problem) if chat else build_user_turn(problem))
 
 
 _WARNED_PLAIN: set[str] = set()
-
-
-# --------------------------------------------------------------------------------------------------
-# Benchmark specs
-
-
-@dataclass(frozen=True)
-class HubSource:
-    """One Hugging Face hub dataset split and the names of its columns."""
-
-    path: str
-    split: str
-    problem_key: str
-    answer_key: str
-    id_key: str | None = None
-    config: str | None = None
-    tag: str = ""  # id prefix within a benchmark made of several sources
-
-
-@dataclass(frozen=True)
-class BenchmarkSpec:
-    """A named problem set: hub sources per public split, answer format and an optional hold-out.
-
-    ``splits`` maps each public split name to the tuple of sources it concatenates. With
-    ``holdout`` > 0, split ``holdout_split`` is ``holdout`` rows drawn from the rows of
-    ``holdout_of`` by :func:`holdout_indices` (seed ``holdout_seed``) and ``holdout_of`` keeps the rest.
-    """
-
-    name: str
-    splits: Mapping[str, tuple[HubSource, ...]]
-    default_split: str
-    answer_format: str = "plain"
-    holdout: int = 0
-    holdout_seed: int = 0
-    holdout_split: str = "val"
-    holdout_of: str = "train"
-
-
-def _one(source: HubSource, *splits: str) -> dict[str, tuple[HubSource, ...]]:
-    return {s: (source,) for s in splits}
-
-
-BENCHMARKS: dict[str, BenchmarkSpec] = {
-    # Training set (≈40.3k rows, one hub split "train" with problem/answer/solution); 1,000 rows are
-    # held out for checkpoint selection as the paper's authors chose them (holdout_indices: rows with an
-    # answer, then DataFrame.sample(n=1000, random_state=0)).
-    "deepscaler": BenchmarkSpec(
-        "deepscaler",
-        _one(HubSource("agentica-org/DeepScaleR-Preview-Dataset", "train", "problem", "answer"), "train", "val"),
-        default_split="train",
-        holdout=1000,
-        holdout_seed=0,
-    ),
-    # 30 problems, columns id/problem/solution/answer/url/year, hub split "train" (dataset card).
-    "aime24": BenchmarkSpec(
-        "aime24", _one(HubSource("HuggingFaceH4/aime_2024", "train", "problem", "answer", "id"), "test"), "test"
-    ),
-    # MathArena sets: columns problem_idx/problem/answer, hub split "train". Confirmed from the card of
-    # MathArena/aime_2026; aime_2025 is listed by MathArena with 30 rows and assumed to share it.
-    "aime25": BenchmarkSpec(
-        "aime25", _one(HubSource("MathArena/aime_2025", "train", "problem", "answer", "problem_idx"), "test"), "test"
-    ),
-    "aime26": BenchmarkSpec(
-        "aime26", _one(HubSource("MathArena/aime_2026", "train", "problem", "answer", "problem_idx"), "test"), "test"
-    ),
-    # AMC 2023-2025 (the paper's 121 problems). math-ai/amc23 (40 problems, question/answer, split
-    # "test") is the standard AMC23 set. UNCONFIRMED: no standard hub id for 2024/2025 was found; the
-    # two sets below are the ones public evaluation code pairs with amc23, columns as that code uses
-    # them. Their total against 121 could not be checked offline; pass a local file to be sure.
-    "amc23_25": BenchmarkSpec(
-        "amc23_25",
-        {
-            "test": (
-                HubSource("math-ai/amc23", "test", "question", "answer", "id", tag="amc23"),
-                HubSource("rawsh/2024_AMC12", "train", "problem", "answer", tag="amc24"),
-                HubSource("sonthenguyen/amc12-2025-non-figure", "train", "question", "answer", tag="amc25"),
-            )
-        },
-        "test",
-    ),
-    # 500 problems, columns problem/solution/answer/subject/level/unique_id, split "test".
-    "math500": BenchmarkSpec(
-        "math500", _one(HubSource("HuggingFaceH4/MATH-500", "test", "problem", "answer", "unique_id"), "test"), "test"
-    ),
-    # Minerva math, 272 problems, columns question/answer, split "test" (dataset card).
-    "minerva": BenchmarkSpec(
-        "minerva", _one(HubSource("math-ai/minervamath", "test", "question", "answer"), "test"), "test"
-    ),
-    # Config "main", splits train/test, columns question/answer with the final answer after "####".
-    "gsm8k": BenchmarkSpec(
-        "gsm8k",
-        {s: (HubSource("openai/gsm8k", s, "question", "answer", config="main"),) for s in ("train", "test")},
-        default_split="test",
-        answer_format="gsm8k",
-    ),
-}
 
 
 def holdout_indices(answers: Sequence[Any], k: int, seed: int) -> tuple[list[int], list[int]]:
@@ -229,6 +138,8 @@ class _Cols:
     id: str | None
     answer_format: str = "plain"
     max_problem_chars: int | None = MAX_PROBLEM_CHARS
+    prompt: str | None = None  # a column of chat messages: the prompt, and its last user turn the problem
+    fmt: PromptFormat = PromptFormat()
 
 
 def _to_examples(rows: Iterable[tuple[int, Mapping[str, Any]]], cols: _Cols, id_prefix: str,
@@ -236,8 +147,12 @@ def _to_examples(rows: Iterable[tuple[int, Mapping[str, Any]]], cols: _Cols, id_
     """Convert (row_index, row) pairs, skipping and counting unusable rows."""
     out = []
     for idx, row in rows:
-        problem, answer = _text(row.get(cols.problem)), _text(row.get(cols.answer))
-        reason = _skip_reason(problem, answer, cols.max_problem_chars)
+        problem, why = (messages_from_cell(row.get(cols.prompt), cols.fmt) if cols.prompt
+                        else (_text(row.get(cols.problem)), ""))
+        answer = _text(row.get(cols.answer))
+        reason = why or _skip_reason(problem, answer, cols.max_problem_chars)
+        if not reason and not cols.prompt:
+            problem = cols.fmt.problem(problem)
         if not reason and cols.answer_format == "gsm8k":
             answer = _gsm8k_answer(answer)
             reason = "" if answer else "no '####' answer"
@@ -356,13 +271,19 @@ def _load_file(path: Path, split: str | None, cols: _Cols, limit: int | None) ->
         raise DataError(f"data: {path}: no such file")
     if path.suffix.lower() not in FILE_SUFFIXES:
         raise DataError(f"data: {path}: unsupported file type; use one of {', '.join(FILE_SUFFIXES)}")
-    rows = _read_rows(path, split)
+    return _rows_examples(str(path), path.name, _read_rows(path, split), None, cols, limit)
+
+
+def _rows_examples(where: str, name: str, rows: list[dict[str, Any]], columns: list[str] | None, cols: _Cols,
+                   limit: int | None) -> list[Example]:
+    """The examples of a file's or a dataset split's rows (``columns``: the dataset's, None: the rows' keys)."""
     if not rows:
-        raise DataError(f"data: {path}: no usable row (the file has no rows)")
-    _check_columns(str(path), (k for r in rows for k in r), cols.problem, cols.answer)
+        raise DataError(f"data: {where}: no usable row (the {'file' if columns is None else 'split'} has no rows)")
+    _check_columns(where, columns if columns is not None else (k for r in rows for k in r),
+                   cols.prompt or cols.problem, cols.answer)
     skipped: Counter = Counter()
     examples = _to_examples(enumerate(rows), cols, "", skipped)
-    return _finish(path.name, examples, skipped, limit)
+    return _finish(name, examples, skipped, limit)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -448,36 +369,82 @@ def load_examples(
     limit: int | None = None,
     max_problem_chars: int | None = MAX_PROBLEM_CHARS,
     answer_format: str = "plain",
+    subset: str | None = None,
+    prompt_key: str | None = None,
+    prompt_format: PromptFormat | None = None,
+    key: str = "data",
+    default_split: str | None = None,
 ) -> list[Example]:
-    """Load math problems as :class:`Example` s from a benchmark name, a local file or the world.
+    """Load math problems as :class:`Example` s from a benchmark name, a dataset, a local file or the world.
 
     ``source``: a key of :data:`BENCHMARKS` (loaded with ``datasets.load_dataset``; ``split`` defaults
     to the benchmark's default split, ``deepscaler`` has "train" and "val"); a path to a ``.jsonl``,
     ``.json`` (a list of objects, or an object with the list under ``split`` or "data"),
-    ``.parquet`` or ``.csv`` file; or ``"world/<split>"`` / ``"shorthand/<split>"`` (a built-in world's
+    ``.parquet`` or ``.csv`` file; a Hugging Face dataset id ``org/name`` (``subset`` its config name) or
+    dataset directory (:mod:`tandem_rlvr.data_sources`; ``split`` None: ``default_split`` or its only
+    split); or ``"world/<split>"`` / ``"shorthand/<split>"`` (a built-in world's
     splits, :data:`BUILTIN_SOURCES`) or another :func:`register_source` name. ``problem_key`` / ``answer_key`` / ``id_key`` name the
-    columns of a file (a missing id column gives the row index; benchmarks use their own columns).
+    columns of a file or dataset (a missing id column gives the row index; benchmarks use their own columns);
+    ``prompt_key`` a column of chat messages that replaces the problem column (its last user turn is the problem).
+    ``prompt_format`` (template, system prompt, chat-template arguments) applies to every source.
     ``answer_format="gsm8k"`` keeps what follows ``####`` in a file's answers, commas removed.
-    Skipped rows are counted in a warning; ``limit`` keeps the first rows after skipping.
-    Raises :class:`DataError`.
+    Skipped rows are counted in a warning; ``limit`` keeps the first rows after skipping. ``key`` names the
+    config key in the errors of datasets. Raises :class:`DataError`.
     """
     if answer_format not in ANSWER_FORMATS:
         raise DataError(f"data: answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
     if not isinstance(source, str) or not source:
         raise DataError(f"data: source must be a benchmark name, a file path or world/<split>, got {source!r}")
+    fmt = prompt_format or PromptFormat()
     head, _, rest = source.partition("/")
-    if head in _SOURCES or head in BUILTIN_SOURCES or head == "world":  # world/...: a source error, never a file
-        return _load_registered(head, rest if "/" in source else (split or ""), limit)
-    if source in BENCHMARKS:
-        return _load_benchmark(BENCHMARKS[source], split, max_problem_chars, limit)
+    if head in _SOURCES or head in BUILTIN_SOURCES or head == "world" or source in BENCHMARKS:
+        _refuse_columns(key, source, subset, prompt_key)
+        examples = (_load_registered(head, rest if "/" in source else (split or ""), limit) if source not in BENCHMARKS
+                    else _load_benchmark(BENCHMARKS[source], split, max_problem_chars, limit))
+        return examples if fmt.is_default else [Example(e.id, fmt.problem(e.problem), e.answer) for e in examples]
+    from tandem_rlvr.data_sources import dataset_rows, is_hub_id
+
     path = Path(source).expanduser()
+    cols = _Cols(problem_key, answer_key, id_key or None, answer_format, max_problem_chars, prompt_key or None, fmt)
+    if path.suffix.lower() not in FILE_SUFFIXES and (path.is_dir() or is_hub_id(source)):
+        name, rows, columns = dataset_rows(source, split, subset, key=key, default_split=default_split)
+        return _rows_examples(name, name, rows, columns, cols, limit)
     if path.suffix.lower() in FILE_SUFFIXES or path.exists() or "/" in source or "\\" in source:
-        cols = _Cols(problem_key, answer_key, id_key or None, answer_format, max_problem_chars)
         return _load_file(path, split, cols, limit)
     raise DataError(
-        f"data: unknown benchmark {source!r}; valid: {', '.join(BENCHMARKS)}; "
-        f"or pass a path to a {'/'.join(FILE_SUFFIXES)} file, or world/<split>"
+        f"data: unknown benchmark {source!r}; valid: {', '.join(BENCHMARKS)}; or pass a Hugging Face dataset id "
+        f"org/name, a dataset directory, a path to a {'/'.join(FILE_SUFFIXES)} file, or world/<split>"
     )
+
+
+def _refuse_columns(key: str, source: str, subset: str | None, prompt_key: str | None) -> None:
+    """A benchmark or built-in source has its own columns and configs."""
+    for name, value in (("subset", subset), ("prompt_key", prompt_key)):
+        if value:
+            raise DataError(f"{key}: {source!r} is a built-in benchmark or source with its own columns; "
+                            f"data.{name} ({value!r}) applies to files and Hugging Face datasets only")
+
+
+def train_examples(cfg, limit: int | None = None) -> list[Example]:
+    """The training problems of a config (``data.*``)."""
+    d = cfg.data
+    return load_examples(d.train, d.train_split, problem_key=d.problem_key, answer_key=d.answer_key, limit=limit,
+                         subset=d.subset, prompt_key=d.prompt_key, prompt_format=prompt_format(cfg),
+                         key="data.train", default_split="train")
+
+
+def val_examples(cfg, limit: int | None = None) -> list[Example]:
+    """The validation problems of a config (``val.data`` with ``data``'s columns and prompt format)."""
+    d, v = cfg.data, cfg.val
+    return load_examples(v.data, v.split, problem_key=d.problem_key, answer_key=d.answer_key, id_key="id",
+                         limit=limit, subset=v.subset, prompt_key=d.prompt_key, prompt_format=prompt_format(cfg),
+                         key="val.data")
+
+
+def prompt_format(cfg) -> PromptFormat:
+    """The :class:`PromptFormat` of a config's ``data.prompt_template``, ``system_prompt``, ``chat_template_kwargs``."""
+    d = cfg.data
+    return PromptFormat.of(d.prompt_template, d.system_prompt, d.chat_template_kwargs)
 
 
 def encode_prompts(tokenizer, examples: Sequence, *, max_prompt_tokens: int | None = None,

@@ -87,7 +87,7 @@ def eval_context(opts, role: str, path: str, tok, benches: dict) -> int:
 def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = True) -> None:
     """``tandem-rlvr train``: trackers, output directory, models (configs and tokenizers), tokenizer agreement,
     the reward function, and the training and validation data (each part unless the caller supplies it)."""
-    from tandem_rlvr.data import load_examples
+    from tandem_rlvr.data import train_examples, val_examples
     from tandem_rlvr.rewards import import_reward
 
     from tandem_rlvr.trackers import check_trackers
@@ -107,10 +107,9 @@ def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = T
     if reward:
         import_reward(d.reward)
     if data:
-        load_examples(d.train, d.train_split, problem_key=d.problem_key, answer_key=d.answer_key, limit=1)
+        train_examples(cfg, limit=1)
     if cfg.val.data and cfg.val.every:
-        load_examples(cfg.val.data, cfg.val.split, problem_key=d.problem_key, answer_key=d.answer_key, id_key="id",
-                      limit=1)
+        val_examples(cfg, limit=1)
 
 
 def train_contexts(cfg, tok, config, jtok=None, jconfig=None) -> list:
@@ -160,14 +159,14 @@ def check_train_context(cfg, tok, jtok) -> None:
     training data (see :mod:`tandem_rlvr.context`)."""
     from transformers import AutoConfig
 
-    from tandem_rlvr.data import load_examples
+    from tandem_rlvr.data import train_examples
 
-    m, d = cfg.model, cfg.data
+    m = cfg.model
     path = lambda name: str(Path(name).expanduser()) if Path(name).expanduser().exists() else name  # noqa: E731
     config = AutoConfig.from_pretrained(path(m.senior), trust_remote_code=m.trust_remote_code, revision=m.revision or None)
     jconfig = None if m.self_paired else AutoConfig.from_pretrained(path(m.junior), trust_remote_code=m.trust_remote_code,
                                                                     revision=m.junior_revision or None)
-    examples = load_examples(d.train, d.train_split, problem_key=d.problem_key, answer_key=d.answer_key)
+    examples = train_examples(cfg)
     fit_train_prompts(cfg, examples, tok, train_contexts(cfg, tok, config, jtok, jconfig), jtok if m.bridge else None)
 
 

@@ -18,12 +18,13 @@ _CACHE: dict = {}
 
 def val_examples(cfg) -> list:
     """The validation problems of ``cfg.val`` (read once per process)."""
-    from tandem_rlvr.data import load_examples
+    from tandem_rlvr.data import prompt_format
+    from tandem_rlvr.data import val_examples as load_val
 
-    key = (cfg.val.data, cfg.val.split, cfg.val.limit, cfg.data.problem_key, cfg.data.answer_key)
+    d, v = cfg.data, cfg.val
+    key = (v.data, v.split, v.subset, v.limit, d.problem_key, d.answer_key, d.prompt_key, repr(prompt_format(cfg)))
     if key not in _CACHE:
-        _CACHE[key] = load_examples(cfg.val.data, cfg.val.split, problem_key=cfg.data.problem_key,
-                                    answer_key=cfg.data.answer_key, id_key="id", limit=cfg.val.limit or None)
+        _CACHE[key] = load_val(cfg, limit=v.limit or None)  # data's columns and prompt format, as training
     return _CACHE[key]
 
 

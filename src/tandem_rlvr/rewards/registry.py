@@ -5,7 +5,7 @@ rewards by import path.
 that this process starts at the first call (two workers; a new one after a fork) and closes at exit;
 :data:`REWARD_FNS` / :func:`get_reward_fn` name them, :func:`score_batch` scores a batch on the same
 pool and :func:`reward_totals` reads its counters. :func:`import_reward` loads a user reward
-``"package.module:function"``.
+``"package.module:function"`` or ``"path/to/file.py:function"``.
 """
 
 from __future__ import annotations
@@ -102,21 +102,62 @@ def reward_totals() -> dict[str, float]:
 
 
 def import_reward(spec: str):
-    """A user reward ``"package.module:function"`` (a plain ``(completion, gold) -> float``, or a TRL-style
-    reward, see :func:`from_trl_signature`), or None for the built-in names, which are scored with a hard
-    time limit in worker processes."""
+    """A user reward ``"package.module:function"`` or ``"path/to/file.py:function"`` (a plain
+    ``(completion, gold) -> float``, or a TRL-style reward, see :func:`from_trl_signature`), or None for the
+    built-in names, which are scored with a hard time limit in worker processes. A relative file path is
+    read from the current directory (:func:`tandem_rlvr.config.load_config` has already made a config
+    file's path absolute, against that file's directory). Any failure is one :class:`TandemError` line
+    naming ``data.reward``."""
     if ":" not in spec:
         return None
-    import importlib
+    from tandem_rlvr.data_keys import is_reward_file
 
-    mod_name, _, attr = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise TandemError(f"data.reward {spec!r} cannot be imported: {e}") from None
+    if is_reward_file(spec):
+        path, _, attr = spec.rpartition(":")
+        module, where = _import_file(spec, path), path
+    else:
+        import importlib
+
+        mod_name, _, attr = spec.partition(":")
+        try:
+            module, where = importlib.import_module(mod_name), mod_name
+        except ImportError as e:
+            raise TandemError(f"data.reward {spec!r} cannot be imported: {e}") from None
+    fn = getattr(module, attr, None) if attr else None
+    if fn is None:
+        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise TandemError(f"data.reward {spec!r}: {where} has no function {attr!r} "
+                          f"(it defines: {', '.join(defined) or 'no function'})")
     if not callable(fn):
         raise TandemError(f"data.reward {spec!r} is not callable")
     return from_trl_signature(fn, spec) if _takes_completions(fn) else fn
+
+
+def _import_file(spec: str, path: str):
+    """The module of the Python file ``path``, executed once per process (a later call reuses it) under a
+    name of its own (``tandem_rlvr_user_reward_<stem>_<hash of the path>``); its folder is not put on sys.path."""
+    import hashlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    file = Path(path).expanduser().absolute()
+    if not file.is_file():
+        raise TandemError(f"data.reward {spec!r}: no such file {str(file)!r}")
+    name = f"tandem_rlvr_user_reward_{file.stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:10]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    loader_spec = importlib.util.spec_from_file_location(name, file)
+    if loader_spec is None or loader_spec.loader is None:
+        raise TandemError(f"data.reward {spec!r}: {str(file)!r} is not a Python file (name it *.py)")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up while and after it runs
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's file: any error, one line
+        del sys.modules[name]
+        raise TandemError(f"data.reward {spec!r}: importing {str(file)!r} failed: {type(e).__name__}: {e}") from None
+    return module
 
 
 def _takes_completions(fn) -> bool:

@@ -194,7 +194,6 @@ def seed_everything(seed: int) -> None:
 
 
 def _load_train(cfg: Config):
-    from tandem_rlvr.data import load_examples
+    from tandem_rlvr.data import train_examples
 
-    return load_examples(cfg.data.train, cfg.data.train_split, problem_key=cfg.data.problem_key,
-                         answer_key=cfg.data.answer_key)
+    return train_examples(cfg)

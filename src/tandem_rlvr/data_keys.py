@@ -1,0 +1,55 @@
+"""The checks of the ``data`` and ``val`` sections at config load (:func:`tandem_rlvr.config.validate`) and the
+one path resolved there (a reward file). Imports nothing heavy, as :mod:`tandem_rlvr.config`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tandem_rlvr.prompts import template_problem
+
+__all__ = ["data_checks", "is_reward_file", "reward_path", "select_k"]
+
+
+def data_checks(cfg: Any) -> list[tuple[bool, str, str | None]]:
+    """``(ok, key, why)`` of the data and val sections: the reward's form, the validation keys, the prompt keys
+    (a template with {problem}, not with a prompt column; ``chat_template_kwargs`` a mapping of names)."""
+    from tandem_rlvr.names import REWARD_KINDS
+
+    d, v = cfg.data, cfg.val
+    kw, k = d.chat_template_kwargs, select_k(v.select)
+    return [
+        (v.every == 0 or bool(v.data), "val.data", "is required when val.every > 0"),
+        (k is not None and k <= v.n, "val.select",
+         f"must be pass@K with K in 1, 2, 4, 8 and K <= val.n ({v.n}), got {v.select!r}"),
+        (d.reward in REWARD_KINDS or ":" in d.reward, "data.reward",
+         f"must be {', '.join(REWARD_KINDS)} or package.module:function (or path/to/file.py:function), got {d.reward!r}"),
+        (template_problem(d.prompt_template) is None, "data.prompt_template", template_problem(d.prompt_template)),
+        (not (d.prompt_template and d.prompt_key), "data.prompt_template",
+         f"does not apply to a prompt column (data.prompt_key={d.prompt_key!r} holds the whole prompt); unset one"),
+        (isinstance(kw, dict) and all(isinstance(x, str) for x in kw), "data.chat_template_kwargs",
+         f"must be a mapping of argument names to values, e.g. {{enable_thinking: false}}, got {kw!r}"),
+    ]
+
+
+def select_k(select: str) -> int | None:
+    """K of a ``val.select`` value ``pass@K`` (K in 1, 2, 4, 8: the pass@k validation computes), else None."""
+    head, _, k = str(select).partition("@")
+    return int(k) if head == "pass" and k in ("1", "2", "4", "8") else None
+
+
+def is_reward_file(spec: str) -> bool:
+    """``spec`` names a file (``path/to/file.py:function``: the part before the last ``:`` ends in ``.py`` or
+    holds a path separator), not a module (``package.module:function``)."""
+    module, sep, _ = spec.rpartition(":")
+    return bool(sep) and (module.endswith(".py") or "/" in module or "\\" in module)
+
+
+def reward_path(d: Any, base: Path) -> None:
+    """``d.reward`` = ``path/to/file.py:function`` with a relative (or ``~``) path: made absolute against
+    ``base`` (the config file's directory, or the current directory for overrides), so the run, its saved
+    config.yaml and every process import the same file."""
+    if is_reward_file(d.reward):
+        module, _, fn = d.reward.rpartition(":")
+        d.reward = f"{os.path.abspath(base / Path(module).expanduser())}:{fn}"
