@@ -51,19 +51,19 @@ def setup_logging(verbose: bool = False, *, ours: int = logging.INFO) -> None:
 def quiet_libraries(*, downloads: bool | None = None) -> None:
     """Other libraries' progress bars off in this process: transformers' (loading weights), datasets' (map,
     filter) and, unless ``downloads`` (default: only on a terminal), the Hub's download bars."""
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hub_on = not are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # (which turns the Hub's off too)
+    if hub_on and (is_terminal() if downloads is None else downloads):
+        enable_progress_bars()
     try:
         import datasets
     except ImportError:
         pass
     else:
         datasets.disable_progress_bars()
-    if not (is_terminal() if downloads is None else downloads):
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
 
 
 def is_terminal(stream=None) -> bool:
