@@ -169,25 +169,28 @@ def test_quiet_libraries_turns_transformers_and_datasets_bars_off(library_bars):
         datasets.enable_progress_bars()
 
 
-def test_eval_no_progress_silences_transformers_and_hub_bars(tmp_path, library_bars, monkeypatch, capsys):
+def test_eval_no_progress_silences_transformers_and_hub_bars(tmp_path, library_bars, monkeypatch):
     from huggingface_hub.utils import are_progress_bars_disabled
 
-    from tandem_rlvr.cli import main
+    from tandem_rlvr.cli import build_parser
     from tandem_rlvr.errors import TandemError
     from tandem_rlvr.evaluation import eval_cli
 
-    seen = {}
+    seen = []
 
     def fake_run_eval(opts):
-        seen.update(transformers=library_bars.is_progress_bar_enabled(), hub=not are_progress_bars_disabled(),
-                    progress=opts.progress)
+        seen.append({"transformers": library_bars.is_progress_bar_enabled(), "hub": not are_progress_bars_disabled(),
+                     "progress": opts.progress})
         raise TandemError("stopped by the test")
 
     monkeypatch.setattr(eval_cli, "run_eval", fake_run_eval)
+    monkeypatch.setattr(logs, "is_terminal", lambda stream=None: True)  # on a terminal the Hub's bars may stay
     argv = ["eval", "--benchmark", "b.jsonl", "--senior", "s", "--junior", "j", "--out", str(tmp_path / "o")]
-    assert main([*argv, "--no-progress"]) == 2
-    assert seen == {"transformers": False, "hub": False, "progress": False}
-    capsys.readouterr()
+    for extra in ([], ["--no-progress"]):
+        with pytest.raises(TandemError, match="stopped by the test"):
+            eval_cli.run_from_args(build_parser().parse_args([*argv, *extra]))
+    assert seen == [{"transformers": False, "hub": True, "progress": True},
+                    {"transformers": False, "hub": False, "progress": False}]
 
 
 def test_saving_weights_keeps_the_bars_off(tmp_path, tokenizer, library_bars):
