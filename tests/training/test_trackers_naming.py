@@ -184,3 +184,31 @@ def test_restart_deletes_the_tracker_files_and_the_projects_tensorboard_folder(t
     (run / "tandem-rlvr").mkdir()  # the default project's folder is no run's file under project myproj's config
     save_config(cfg, run / "config.yaml")
     assert rundir.first_foreign(run) == run / "tandem-rlvr"
+
+
+def test_the_cli_writes_a_readable_log_file(tmp_path, model_dirs):
+    """`tandem-rlvr train ... > train.log 2>&1`, as a SLURM job: plain lines, no bar redraws, no library's bars
+    or INFO lines; the sampled completions beside the metrics."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers.paths import TESTS
+    from helpers.run_files import write_config
+
+    cfg = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=4,
+                       save_every=0, progress=True, log_every=2, log_samples=2)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    log = tmp_path / "train.log"
+    with log.open("wb") as f:
+        rc = subprocess.run([sys.executable, "-m", "tandem_rlvr", "train", str(cfg)], stdout=f, stderr=subprocess.STDOUT,
+                            env=env, timeout=600).returncode
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    assert "\r" not in text and "Loading weights" not in text, text
+    assert not [ln for ln in text.splitlines() if ln.startswith("INFO ") and not ln.startswith("INFO tandem_rlvr")], text
+    steps = [re.search(r"step (\d)/4", ln).group(1) for ln in text.splitlines() if ln.startswith("train trlvr: step")]
+    assert steps == ["2", "4"], text
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in samples] == [2, 2, 4, 4] and all(r["turns"] for r in samples)
