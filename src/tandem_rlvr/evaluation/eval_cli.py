@@ -355,7 +355,6 @@ def _matrix(results: dict, pairs: dict) -> dict:
 def run_from_args(args: argparse.Namespace) -> int:
     """``tandem-rlvr eval``: resolve the options, run, print the headline table."""
     from tandem_rlvr.evaluation.report import seniors_table
-
     from tandem_rlvr.logs import quiet_libraries
 
     opts = resolve_options(args)
