@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import traceback
@@ -14,6 +13,10 @@ def _train(args: argparse.Namespace) -> int:
     from tandem_rlvr.training.trainer import make_trainer
 
     cfg = load_config(args.config, args.overrides)
+    if not cfg.train.progress:
+        from tandem_rlvr.logs import quiet_libraries
+
+        quiet_libraries(downloads=False)
     end = args.run_end  # main() closes the engine and the process group after any stop (RunEnd.close)
     end.trainer = make_trainer(cfg, restart=args.restart)
     final = end.trainer.train()
@@ -115,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse already printed usage and the error (or --help)
         return e.code if isinstance(e.code, int) else 2
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from tandem_rlvr.logs import quiet_libraries, setup_logging
+
+    setup_logging(args.verbose)  # ours at INFO (-v: DEBUG), other libraries' at WARNING, lines through the bars
+    if args.command in ("train", "eval", "demo"):
+        quiet_libraries()  # no transformers/datasets bars; the Hub's download bars on a terminal only
     own_process = argv is None and args.command == "train"
     if args.command != "train":
         return _run(args, own_process)

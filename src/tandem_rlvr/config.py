@@ -24,6 +24,7 @@ from tandem_rlvr.engines.schedules import SCHEDULES
 from tandem_rlvr.engines.serving import ENGINES, MODES
 from tandem_rlvr.errors import ConfigError  # noqa: F401 (raised here; also importable from here)
 from tandem_rlvr.names import ATTN_IMPLEMENTATIONS, FSDP_MODES, LOSS_TYPES, MIXED_PRECISION, VLLM_SLEEP
+from tandem_rlvr.trackers import naming_checks
 
 ARMS = ("trlvr", "grpo", "kl_reg")
 
@@ -123,6 +124,12 @@ class TrainConfig:
     watchdog_s: float = _f(1800.0, "Stop with a stack dump of every thread (exit 124) when a step makes no progress for this many seconds (0 = off).", ge=0, note="0 = off")
     collective_timeout_s: float = _f(1800.0, "Multi-process: a collective waiting longer than this for a peer fails, and the run stops naming the vanished rank (exit 75).", gt=0)
     fsdp: str = _f("off", "Shard the senior over the processes with FSDP2: off (DDP, a full copy each), full (parameters, gradients, AdamW states sharded; like ZeRO-3) or zero2 (gradients and AdamW states; like ZeRO-2). Needs a multi-process launch.", choices=FSDP_MODES)
+    project: str = _f("tandem-rlvr", "Tracker project: the wandb project, and the folder of TensorBoard's logs in the run directory. Letters, digits, ., _ and - (1 to 128, not starting with . or -); fixed for a run (a resumed run keeps it).")
+    run_name: str = _f("", "Tracker run name (wandb's run name); empty = the run directory's name. At most 128 characters.")
+    group: str = _f("", "Tracker group (wandb's group, e.g. one per sweep); empty = none. At most 128 characters.")
+    tags: list = _f([], "Tracker tags (wandb's tags), e.g. [trlvr, qwen3]; each 1 to 64 characters.")
+    log_every: int = _f(10, "When stderr is no terminal (a SLURM log, a pipe), one plain log line every N steps (and at the last) instead of a progress bar; also the period of train.log_samples.", ge=1)
+    log_samples: int = _f(0, "Co-written completions (one per prompt first) of the main process's rollouts written every train.log_every steps to samples.jsonl in the run directory, each as its turns with their authors (senior, junior), and to wandb as a table and TensorBoard as text; 0 = none.", ge=0, le=1024)
 
 
 @dataclass
@@ -175,19 +182,15 @@ class Config:
 
     def senior_band(self) -> tuple[float, float] | None:
         """The allowed senior-token fraction of a trlvr step (None: no band)."""
-        if self.algo.senior_frac_band is None:
-            return None
-        lo, hi = self.algo.senior_frac_band
-        return float(lo), float(hi)
+        band = self.algo.senior_frac_band
+        return None if band is None else (float(band[0]), float(band[1]))
 
 
 _SAME = object()
 
 
 def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory()  # type: ignore[misc]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
 def _reuse(section: type, name: str, default: Any = _SAME, **bounds) -> Any:
@@ -428,7 +431,8 @@ def validate(cfg: Config) -> None:
     problem = run_dir_problem(cfg.train.out_dir)
     if problem is not None:
         raise ConfigError(f"config key 'train.out_dir' {problem}")
-    for ok, key, msg in _cross_checks(cfg) + data_checks(cfg) + _engine_checks(cfg) + model_checks(cfg):
+    checks = _cross_checks(cfg) + data_checks(cfg) + _engine_checks(cfg) + model_checks(cfg) + naming_checks(cfg.train)
+    for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"config key {key!r} {msg}")
 
@@ -491,7 +495,6 @@ def describe() -> str:
     hints = typing.get_type_hints(Config)
     for section in dataclasses.fields(Config):
         lines += [_help_line(f"{section.name}.{f.name}", hints[section.name], f) for f in dataclasses.fields(hints[section.name])]
-    lines.append("")
-    lines.append("tandem-rlvr eval options (flags --name-with-dashes, or keys of --config eval.yaml):")
+    lines += ["", "tandem-rlvr eval options (flags --name-with-dashes, or keys of --config eval.yaml):"]
     lines += [_help_line(f"eval {f.name}", EvalOptions, f) for f in dataclasses.fields(EvalOptions)]
     return "\n".join(lines)

@@ -110,23 +110,31 @@ def _train_and_evaluate(ctx: JobContext, job: tuple, progress: bool) -> tuple[li
 
 
 def run_sequential(ctx: JobContext, todo: list, n: int):
+    from tandem_rlvr.logs import quiet_libraries
+
+    quiet_libraries()  # no transformers bars between the jobs' own
     for job in todo:
         yield job, _run_job(ctx, job, progress=True)
 
 
 def _worker_job(ctx: JobContext, job: tuple) -> tuple[list | None, dict]:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    """One job in a spawned process: warnings only, and no library's progress bar (they would print into the
+    demo's own bar, drawn by the parent on the same stderr)."""
+    from tandem_rlvr.logs import quiet_libraries, setup_logging
+
+    setup_logging(ours=logging.WARNING)
+    quiet_libraries(downloads=False)
     return _run_job(ctx, job, progress=False)
 
 
 def run_parallel(ctx: JobContext, todo: list, n: int):
     """Run the jobs in ``n`` spawned processes; one progress bar (with ETA) over the whole demo, in
-    training steps, counted from the runs' ``metrics.jsonl``; an evaluation counts as ``_eval_units``."""
+    training steps, counted from the runs' ``metrics.jsonl``; an evaluation counts as ``_eval_units``. Where
+    stderr is no terminal, a line every 5% instead of the bar (:func:`tandem_rlvr.logs.progress`)."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    from tqdm.auto import tqdm
-
+    from tandem_rlvr.logs import progress
     from tandem_rlvr.training.rundir import clear_run
 
     plan, out = ctx.plan, Path(ctx.out)
@@ -139,7 +147,7 @@ def run_parallel(ctx: JobContext, todo: list, n: int):
         return unit + (plan.steps if job[0] else 0)
 
     total = sum(cost(job) for job in todo)
-    bar = tqdm(total=total, desc=f"demo ({len(todo)} jobs, {n} processes)", unit="step", dynamic_ncols=True)
+    bar = progress(total, f"demo ({len(todo)} jobs, {n} processes)", unit="step", every=max(1, total // 20))
     log.info("running %d demo jobs in %d processes", len(todo), n)
     with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
         running = {pool.submit(_worker_job, ctx, job): job for job in todo}

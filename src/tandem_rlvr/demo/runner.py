@@ -43,10 +43,12 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     or ``shorthand``, see :mod:`tandem_rlvr.world.shorthand`); its plan (:data:`PLANS`) is the default;
     ``world_seed`` builds it under another build seed (a robustness check; default: the shipped one)."""
     from tandem_rlvr.demo.report import write_report
+    from tandem_rlvr.logs import quiet_libraries
     from tandem_rlvr.preflight import check_demo
     from tandem_rlvr.world.build import build_world
 
     check_demo(out_dir, junior=junior, seeds=seeds, workers=workers)  # before the world build and any training
+    quiet_libraries()  # no transformers/datasets bars in the demo's own (the Hub's downloads on a terminal only)
     if world not in PLANS:
         raise TandemError(f"demo world must be one of {', '.join(PLANS)}, got {world!r}")
 

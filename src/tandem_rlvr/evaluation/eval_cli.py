@@ -57,7 +57,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     a("--mode", choices=MODES, default=None, help=_h("mode"))
     a("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True, default=None,
       help=_h("trust_remote_code"))
-    a("--no-progress", dest="progress", action="store_const", const=False, default=None, help="no progress bars")
+    a("--no-progress", dest="progress", action="store_const", const=False, default=None, help="no progress bars (ours, transformers' and the Hub's)")
     a("--overwrite", dest="overwrite", action="store_const", const=True, default=None, help=_h("overwrite"))
 
 
@@ -355,8 +355,10 @@ def _matrix(results: dict, pairs: dict) -> dict:
 def run_from_args(args: argparse.Namespace) -> int:
     """``tandem-rlvr eval``: resolve the options, run, print the headline table."""
     from tandem_rlvr.evaluation.report import seniors_table
+    from tandem_rlvr.logs import quiet_libraries
 
     opts = resolve_options(args)
+    quiet_libraries(downloads=None if opts.progress else False)  # transformers' bars always off; --no-progress: all
     obj = run_eval(opts)
     results = obj.get("pairs") or obj.get("seniors") or {obj["senior"]: obj}
     print(seniors_table(results))

@@ -278,14 +278,14 @@ class ModeResult:
 
 def run_mode(job: _Job, mode: str, schedule, *, max_rounds: int | None = None, score: bool = False) -> ModeResult:
     """Sample ``n`` chains per problem under ``schedule``, grade them, optionally score them."""
-    from tqdm.auto import tqdm
+    from tandem_rlvr.logs import progress
 
     res = ModeResult(rewards=[[0.0] * job.n for _ in job.prompts])
     pad = job.tokenizer.pad_token_id
     device = model_device(job.senior)
     desc = " ".join(str(v) for v in (*job.labels.values(), mode))
-    bar = tqdm(total=len(job.prompts) * job.n, desc=desc, unit="chain", disable=not job.progress,
-               dynamic_ncols=True, leave=False)
+    total = len(job.prompts) * job.n
+    bar = progress(total, desc, unit="chain", enabled=job.progress, every=max(1, total // 4), leave=False)
     for group in _call_groups(job, pad, device):
         rollouts = job.engine.generate_many([(prompts, seed) for _, prompts, _, seed in group], schedule, group[0][2],
                                             max_rounds=max_rounds)  # one budget per group

@@ -74,11 +74,13 @@ def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = 
 def _save_weights(model, path: Path, state_dict: dict | None = None) -> None:
     from transformers.utils import logging as hf_logging
 
+    was_on = hf_logging.is_progress_bar_enabled()  # a job that turned them off keeps them off
     hf_logging.disable_progress_bar()
     try:
         _save_weights_inner(model, path, state_dict)
     finally:
-        hf_logging.enable_progress_bar()
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def _save_weights_inner(model, path: Path, state_dict: dict | None) -> None:

@@ -2,10 +2,10 @@
 
 ``--restart`` (``restart=True``) deletes only what a run writes, and only when the directory holds nothing
 else (:func:`first_foreign`): ``config.yaml``, ``metrics.jsonl``, ``preempted.json``, ``watchdog-rank{R}.txt``,
-``run.lock`` (kept: it may be held), ``checkpoints/`` (whose entries must be ``step-N``, ``.tmp-step-N``,
+``run.lock`` (kept: it may be held), ``trackers.json`` and ``samples.jsonl`` (:mod:`tandem_rlvr.trackers`), ``checkpoints/`` (whose entries must be ``step-N``, ``.tmp-step-N``,
 ``.trash-step-N``, ``.step-N.old`` or ``damaged-step-N[.k]``), ``best/`` and ``final/`` (with their ``.tmp-``
-and ``.old`` siblings), the temporary files of atomic writes, TensorBoard's ``tandem-rlvr/`` (event files and
-``hparams.yml`` only) and, for a run whose ``config.yaml`` names the ``aim`` tracker, ``.aim/``. Anything else (or a
+and ``.old`` siblings), the temporary files of atomic writes, TensorBoard's folder (named by the run's ``train.project``,
+``tandem-rlvr/`` by default; event files and ``hparams.yml`` only) and, for a run whose ``config.yaml`` names the ``aim`` tracker, ``.aim/``. Anything else (or a
 symbolic link) is a foreign file: the restart is refused naming it and nothing is deleted. The directory
 itself is never removed, and ``/``, the home directory, the current directory and their ancestors are
 refused outright.
@@ -29,8 +29,8 @@ from tandem_rlvr.io import atomic_write_text, read_jsonl
 from tandem_rlvr.training import runlock
 
 # what a run writes directly in its directory (regular files, then folders); see the module docstring
-RUN_FILES = re.compile(r"^(config\.yaml|metrics\.jsonl|preempted\.json|watchdog-rank\d+\.txt"
-                       r"|\.(config\.yaml|metrics\.jsonl|preempted\.json)\..+\.tmp)$")
+RUN_FILES = re.compile(r"^(config\.yaml|metrics\.jsonl|preempted\.json|watchdog-rank\d+\.txt|trackers\.json|samples\.jsonl"
+                       r"|\.(config\.yaml|metrics\.jsonl|preempted\.json|trackers\.json|samples\.jsonl)\..+\.tmp)$")
 RUN_DIRS = re.compile(r"^(checkpoints|best|final|\.tmp-(best|final)|\.(best|final)\.old)$")
 CKPT_ENTRIES = re.compile(r"^(step-\d+|\.tmp-step-\d+|\.trash-step-\d+|\.step-\d+\.old|damaged-step-\d+(\.\d+)?)$")
 TENSORBOARD_DIR, TENSORBOARD_FILE = "tandem-rlvr", re.compile(r"^(events\.out\.tfevents\..+|hparams\.yml)$")
@@ -38,7 +38,8 @@ TENSORBOARD_DIR, TENSORBOARD_FILE = "tandem-rlvr", re.compile(r"^(events\.out\.t
 # keys a resumed run may change (how long, how often to save or log); any other change is refused
 RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.save_every", "train.keep_last", "train.trackers",
                      "train.max_nonfinite", "val.every", "data.reward_workers", "train.preempt_exit_code",
-                     "train.watchdog_s", "train.collective_timeout_s"}
+                     "train.watchdog_s", "train.collective_timeout_s", "train.run_name", "train.group", "train.tags",
+                     "train.log_every", "train.log_samples"}
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -114,7 +115,8 @@ def first_foreign(run_dir: Path) -> Path | None:
         return None
     if not run_dir.is_dir():
         return run_dir
-    aim = "aim" in _old_trackers(run_dir)
+    old = _old_train(run_dir)
+    aim, tensorboard = "aim" in list(old.get("trackers") or []), str(old.get("project") or TENSORBOARD_DIR)
     for e in sorted(run_dir.iterdir()):
         if e.is_symlink():
             return e
@@ -122,7 +124,7 @@ def first_foreign(run_dir: Path) -> Path | None:
             continue
         if e.is_dir() and e.name == "checkpoints":
             bad = next((c for c in sorted(e.iterdir()) if c.is_symlink() or not CKPT_ENTRIES.match(c.name)), None)
-        elif e.is_dir() and e.name == TENSORBOARD_DIR:
+        elif e.is_dir() and e.name == tensorboard:
             bad = next((f for f in sorted(e.rglob("*"))
                         if f.is_symlink() or (not f.is_dir() and not TENSORBOARD_FILE.match(f.name))), None)
         elif e.is_dir() and (RUN_DIRS.match(e.name) or (aim and e.name == ".aim")):
@@ -134,12 +136,13 @@ def first_foreign(run_dir: Path) -> Path | None:
     return None
 
 
-def _old_trackers(run_dir: Path) -> list:
+def _old_train(run_dir: Path) -> dict:
+    """The ``train`` section of the run's ``config.yaml`` ({} when there is none or it cannot be read)."""
     try:
-        old = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        return list(old.get("train", {}).get("trackers") or [])
+        old = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train", {})
+        return old if isinstance(old, dict) else {}
     except (OSError, yaml.YAMLError, AttributeError, TypeError):
-        return []
+        return {}
 
 
 def clear_run(run_dir: Path) -> None:
@@ -157,8 +160,11 @@ def clear_run(run_dir: Path) -> None:
             e.unlink()
 
 
-def truncate_metrics(run_dir: Path, step: int) -> None:
-    """Keep the metrics rows up to ``step`` (those of a resumed checkpoint), atomically."""
-    path = run_dir / "metrics.jsonl"
+def truncate_metrics(run_dir: Path, step: int, name: str = "metrics.jsonl") -> None:
+    """Keep the rows of ``name`` (metrics, or the sampled completions) up to ``step`` (those of a resumed
+    checkpoint), atomically; no file stays no file."""
+    path = run_dir / name
+    if not path.exists():
+        return
     rows = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))

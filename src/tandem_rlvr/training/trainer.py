@@ -22,8 +22,8 @@ from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.scoring import sequence_logps
 from tandem_rlvr.engines.types import Rollout, Sampling, concat_rollouts
 from tandem_rlvr.errors import TandemError
+from tandem_rlvr import logs, trackers
 from tandem_rlvr.io import append_jsonl
-from tandem_rlvr.trackers import flat_config
 from tandem_rlvr.training import checkpoint as ckpt_mod
 from tandem_rlvr.training import core, dist, fsdp, preempt, rundir
 from tandem_rlvr.training.arms import arm_plan, check_senior_frac, loss_mask
@@ -61,6 +61,7 @@ class Trainer:
         if self.resume_from is None:
             if self.acc.is_main_process:
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+                (self.run_dir / trackers.SAMPLES_FILE).unlink(missing_ok=True)
             return
         state = ckpt_mod.load_checkpoint(self.resume_from, model=self.acc.unwrap_model(self.senior),
                                          optimizer=self.opt, scheduler=self.sched,
@@ -71,6 +72,7 @@ class Trainer:
         self._push_to_engine()
         if self.acc.is_main_process:  # a kill between publishing a checkpoint and pruning left extras
             rundir.truncate_metrics(self.run_dir, self.step)
+            rundir.truncate_metrics(self.run_dir, self.step, trackers.SAMPLES_FILE)
             ckpt_mod.prune(self.run_dir / "checkpoints", self.cfg.train.keep_last)
         log.info("resumed from %s at step %d", self.resume_from, self.step)
 
@@ -268,6 +270,7 @@ class Trainer:
             check_senior_frac(frac, self.cfg.senior_band(), self.schedule)
         texts = rollout.texts(self.tok)
         rewards, rstats = self.rewards(texts, idx)
+        self._log_samples(rollout, idx, rewards, step + 1)
         if self.text_metrics is not None:
             rstats = {**rstats, **self.text_metrics(texts)}
         adv, ametrics = core.group_advantages(rewards, self.cfg.algo.group_size, normalize_std=self.cfg.algo.normalize_std)
@@ -293,17 +296,29 @@ class Trainer:
                     "reward/std": float(all_r.std()) if all_r.numel() > 1 else 0.0})
         return row
 
+    def _log_samples(self, rollout: Rollout, idx: list[int], rewards: torch.Tensor, step: int) -> None:
+        """``train.log_samples`` of this process's rollouts of ``step`` to samples.jsonl and the trackers (main
+        process, every ``train.log_every`` steps and at the last)."""
+        t = self.cfg.train
+        if not (t.log_samples and self.acc.is_main_process and (step % t.log_every == 0 or step == t.steps)):
+            return
+        info = [{"problem_id": str(getattr(ex, "id", "")), "problem": ex.problem, "gold": str(ex.answer)}
+                for ex in (self.examples[self.prompt_example[i]] for i in idx)]
+        rows = trackers.sample_rows(rollout, self.tok, step, t.log_samples, self.cfg.algo.group_size, info, rewards)
+        trackers.write_samples(self.run_dir, rows)
+        if t.trackers:
+            trackers.log_samples(self.acc, rows, step)
+
     # -- the loop -------------------------------------------------------------------------------
     def train(self) -> Path:
-        """Run (or resume) to ``train.steps``; returns the ``final/`` directory."""
-        from tqdm.auto import tqdm
-
+        """Run (or resume) to ``train.steps``; returns the ``final/`` directory. Progress: a bar on a terminal,
+        else one line every ``train.log_every`` steps (:func:`tandem_rlvr.logs.progress`)."""
         self._resume()
         cfg = self.cfg
         if self.acc.is_main_process and cfg.train.trackers:
-            self.acc.init_trackers("tandem-rlvr", config=flat_config(cfg.to_dict()))
-        bar = tqdm(total=cfg.train.steps, initial=self.step, desc=f"train {cfg.algo.arm}",
-                   disable=not (cfg.train.progress and self.acc.is_main_process), dynamic_ncols=True)
+            trackers.start(self.acc, cfg, self.step)
+        bar = logs.progress(cfg.train.steps, f"train {cfg.algo.arm}", unit="step", initial=self.step,
+                            enabled=cfg.train.progress and self.acc.is_main_process, every=cfg.train.log_every)
         guard = preempt.RunGuard(self)  # signals, watchdog, heartbeats: see tandem_rlvr.training.preempt
         with self._scorer() as scorer, guard.running():
             self.scorer = scorer
@@ -314,8 +329,8 @@ class Trainer:
                     guard.beat(f"logging, validating and saving step {self.step}")
                     self._after_step(row)
                     guard.after_step()
+                    bar.set_postfix(refresh=False, **headline(row))
                     bar.update(1)
-                    bar.set_postfix(reward=f"{row['reward/mean']:.3f}", senior=f"{row['rollout/senior_token_frac']:.2f}")
             finally:
                 self.scorer = None
         bar.close()
@@ -398,6 +413,18 @@ class Trainer:
         if self.cfg.train.trackers:
             self.acc.end_training()
         return final
+
+
+def headline(row: dict) -> dict:
+    """The main metrics of a step's row, formatted for the progress bar or line."""
+    out = {"reward": f"{row['reward/mean']:.3f}", "senior": f"{row['rollout/senior_token_frac']:.2f}"}
+    for key, name, fmt in (("train/loss", "loss", ".4g"), ("kl/senior_junior", "kl", ".3g")):
+        if isinstance(row.get(key), (int, float)):
+            out[name] = format(row[key], fmt)
+    val = next((k for k in row if k.startswith("val/")), None)
+    if val is not None and isinstance(row[val], (int, float)):
+        out[val] = f"{row[val]:.3f}"
+    return out
 
 
 def _num(v) -> float:
