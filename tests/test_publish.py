@@ -149,7 +149,7 @@ def test_card_of_the_recorded_run_and_its_evaluation(run, eval_dir, tmp_path, ca
     assert f"{other['macro']['junior_ce']:.3f}" not in body  # the other senior's numbers are not this one's
     assert "named `trlvr` there" in body and "### With junior `junior`" in body
     assert "arXiv:2606.28166" in body and "arXiv:2510.13551" in body
-    assert f'from_pretrained("me/tiny-trlvr")' in body
+    assert 'from_pretrained("me/tiny-trlvr")' in body
     assert "model.safetensors" in out and "dry run: nothing uploaded" in out and "left out: COMPLETE, checksums.json" in out
     assert _snapshot(run) == before  # the run directory is never written
 
@@ -175,6 +175,9 @@ def test_push_uploads_the_weights_and_the_card_only(run, eval_dir, tmp_path, cap
     for name in ("optimizer.pt", "pytorch_model.bin", "train_state.pt", "rng_state.pth", "optimizer.safetensors"):
         (final / name).write_bytes(b"not for the Hub")
     (final / "trainer_state.json").write_text("{}")
+    (final / "adapter").mkdir()  # a LoRA run's final/ also holds its adapter
+    (final / "adapter" / "adapter_model.safetensors").write_bytes(b"adapter weights")
+    (final / "adapter" / "adapter_config.json").write_text("{}")
     (final / integrity.SUMS).unlink()
     integrity.write_checksums(final)  # they belong to the folder now, so it verifies
     monkeypatch.setenv("HF_TOKEN", SECRET)
@@ -190,7 +193,7 @@ def test_push_uploads_the_weights_and_the_card_only(run, eval_dir, tmp_path, cap
     up = calls["upload_folder"]
     assert up["repo_id"] == "me/tiny-trlvr" and up["revision"] == "dev"
     expected = {"README.md", "model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-                "tokenizer_config.json"}
+                "tokenizer_config.json", "adapter/adapter_model.safetensors", "adapter/adapter_config.json"}
     assert expected <= set(up["files"]), up["files"]
     assert set(up["files"]) - expected <= {"chat_template.jinja", "special_tokens_map.json"}, up["files"]
     assert up["files"]["model.safetensors"] == _sha(final / "model.safetensors")  # the verified bytes
