@@ -259,7 +259,7 @@ def test_no_token_no_push_and_a_hub_error_is_one_line_without_the_token(run, tmp
     assert SECRET not in out + err
 
 
-def test_eval_senior_choice(run, eval_dir, tmp_path, capsys):
+def test_eval_senior_choice(run, eval_dir, tmp_path, capsys, caplog):
     obj = json.loads((eval_dir / "eval.json").read_text())
     obj["settings"]["seniors"]["trlvr"] = "elsewhere/final"
     (eval_dir / "eval.json").write_text(json.dumps(obj))
@@ -275,6 +275,12 @@ def test_eval_senior_choice(run, eval_dir, tmp_path, capsys):
     assert code == 2 and "'nobody' is not in" in err
     code, _, err = _push(capsys, run, "me/x", "--eval", tmp_path, "--dry-run", "--staging", tmp_path / "s")
     assert code == 2 and "no eval.json" in err
+    del obj["seniors"]["small"]  # the only senior, evaluated from another path: taken, with a warning
+    (eval_dir / "eval.json").write_text(json.dumps(obj))
+    code, _, err = _push(capsys, run, "me/x", "--eval", eval_dir, "--dry-run", "--staging", tmp_path / "s")
+    assert code == 0, err
+    assert "from `elsewhere/final`" in (tmp_path / "s" / "README.md").read_text()
+    assert any("not from" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
 
 
 def test_staging_is_never_the_run_nor_a_folder_it_did_not_make(run, tmp_path, capsys):
