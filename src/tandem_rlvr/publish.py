@@ -220,6 +220,9 @@ def load_evaluation(eval_dir: str | Path, folder: Path, senior: str | None = Non
         if senior is None:
             raise TandemError(f"{path} evaluates seniors {', '.join(names)} and none of them is {folder}; "
                               "choose one with --eval-senior NAME")
+        if not here:
+            log.warning("%s evaluated senior %r from %s, not from %s: its numbers go into the card as this "
+                        "senior's (the card names that path)", path, senior, paths.get(senior, "?"), folder)
     elif senior not in names:
         raise TandemError(f"--eval-senior {senior!r} is not in {path} (it has {', '.join(names)})")
     return Evaluation(senior, paths.get(senior, "?"), [(j, r) for s, j, r in pairs if s == senior],
