@@ -1,5 +1,5 @@
 """``tandem-rlvr eval``: load the models and benchmarks, run :func:`~tandem_rlvr.evaluation.evaluate.evaluate_pair`
-for every (senior, benchmark), and write ``eval.json``, ``eval.md``, plots and the chains.
+for every (senior, benchmark), and write ``eval.json``, ``eval.csv``, ``eval.md``, plots and the chains.
 
 Options come from flags, from ``--config eval.yaml`` (the same keys, with ``_`` or ``-``), then
 built-in defaults, in that order of precedence. Finished (senior, benchmark) parts are kept under
@@ -292,7 +292,7 @@ def run_eval(opts: EvalOptions) -> dict:
     """Run a whole evaluation; returns the ``eval.json`` object (also written with the other outputs)."""
     from tandem_rlvr.io import atomic_write_json
     from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
-    from tandem_rlvr.evaluation.report import write_eval_report
+    from tandem_rlvr.evaluation.report import write_eval_csv, write_eval_report
     from tandem_rlvr.evaluation.evaluate import open_scorer
     from tandem_rlvr.evaluation.matrix import write_matrix_report
     from tandem_rlvr import preflight
@@ -329,6 +329,7 @@ def run_eval(opts: EvalOptions) -> dict:
     else:
         obj = {"seniors": results, "matrix": matrix, "settings": settings}
     atomic_write_json(out / "eval.json", obj)
+    write_eval_csv(out / "eval.csv", obj)
     write_eval_report(out, results, settings)
     write_matrix_report(out, matrix)
     _write_eval_html(out, benches)
@@ -362,5 +363,5 @@ def run_from_args(args: argparse.Namespace) -> int:
     obj = run_eval(opts)
     results = obj.get("pairs") or obj.get("seniors") or {obj["senior"]: obj}
     print(seniors_table(results))
-    print(f"wrote {Path(opts.out) / 'eval.json'}, eval.md, eval.html, plots and chains/ under {opts.out}")
+    print(f"wrote {Path(opts.out) / 'eval.json'}, eval.csv, eval.md, eval.html, plots and chains/ under {opts.out}")
     return 0

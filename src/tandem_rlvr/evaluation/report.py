@@ -2,13 +2,15 @@
 
 Every function takes plain dicts, so other reports (the demo's) can reuse them. A *result* is
 ``{"per_benchmark": {name: metrics}, "macro": metrics}``; several seniors are ``{senior: result}``.
-Plots are written atomically (temporary file in the same folder, fsync, rename).
+Plots are written atomically (temporary file in the same folder, fsync, rename), and so is ``eval.csv``
+(:func:`write_eval_csv`: the whole ``eval.json`` as one flat table, a row per number).
 """
 
 from __future__ import annotations
 
+import csv
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tandem_rlvr.io import atomic_write
@@ -239,3 +241,99 @@ def write_eval_report(out_dir: str | Path, results: Mapping[str, Mapping], setti
     md = out / "eval.md"
     atomic_write_text(md, eval_markdown(results, settings, [str(p) for p in plots]))
     return [md, *plots]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The flat table (eval.csv)
+# ---------------------------------------------------------------------------------------------------
+
+CSV_COLUMNS = ("senior", "junior", "benchmark", "mode", "metric", "value", "se", "lo", "hi")
+MACRO = "macro"  # the benchmark column of the macro-average rows
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
+
+
+def eval_pairs(obj: Mapping) -> list[tuple[str, str, Mapping]]:
+    """``(senior, junior, result)`` of every pair in an ``eval.json`` object: one senior (``senior``), several
+    (``seniors``) or a seniors x juniors run (``pairs``)."""
+    settings = obj.get("settings", {})
+    juniors = settings.get("juniors") or {}
+    default_junior = next(iter(juniors), None) or Path(str(settings.get("junior", "")).rstrip("/")).name
+    if "pairs" in obj:
+        return [(str(r.get("senior", label)), str(r.get("junior", default_junior)), r) for label, r in obj["pairs"].items()]
+    if "seniors" in obj:
+        return [(str(name), str(r.get("junior", default_junior)), r) for name, r in obj["seniors"].items()]
+    if "senior" in obj:
+        return [(str(obj["senior"]), str(obj.get("junior", default_junior)), obj)]
+    raise ValueError("not an eval.json object: it has none of 'senior', 'seniors' or 'pairs'")
+
+
+def _mode_and_name(key: str) -> tuple[str, str]:
+    """The chains a metric was computed on, and its name without that mode's prefix."""
+    if key.startswith(("solo_", "handoff_")):
+        mode, _, name = key.partition("_")
+        return mode, name
+    if key == "communication_tax":
+        return "solo-handoff", key
+    if key.startswith(("junior_", "kl_")):  # read off the senior's solo chains
+        return "solo", key
+    return "all", key
+
+
+def _number(v) -> float | None:
+    """A finite number, or None for anything else (a marker string, None, NaN)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return v
+
+
+def metric_rows(metrics: Mapping) -> Iterator[tuple[str, str, float, float | None]]:
+    """``(mode, metric, value, se)`` for every number of one benchmark's (or the macro) metrics: the curve as
+    ``curve-pP`` / ``pass@1``, a list element-wise (``junior_ce_by_decile.1`` = the first tenth of the chain),
+    a mapping key-wise (``handoff_stops.eos``); ``*_se`` keys are the ``se`` of their metric, not rows of their
+    own; strings (``"n/a (different tokenizers)"``, the vocabulary) are left out."""
+    for key, v in metrics.items():
+        if key.endswith("_se") and key[:-3] in metrics:
+            continue
+        mode, name = _mode_and_name(key)
+        if key == "curve" and isinstance(v, Mapping):
+            items = [(f"curve-p{p}", "pass@1", x, None) for p, x in v.items()]
+        elif isinstance(v, (list, tuple)):
+            items = [(mode, f"{name}.{i}", x, None) for i, x in enumerate(v, start=1)]
+        elif isinstance(v, Mapping):
+            items = [(mode, f"{name}.{k}", x, None) for k, x in v.items()]
+        else:
+            items = [(mode, name, v, _number(metrics.get(f"{key}_se")))]
+        yield from ((m, n, x, se) for m, n, x, se in items if _number(x) is not None)
+
+
+def _interval(metric: str, value: float, se: float | None) -> tuple[float | None, float | None]:
+    """value -+ 1.96 se (a normal 95% interval over problems); pass@k, a fraction, is clipped to [0, 1]."""
+    if se is None:
+        return None, None
+    lo, hi = value - Z95 * se, value + Z95 * se
+    if metric.startswith("pass@"):
+        lo, hi = max(0.0, lo), min(1.0, hi)
+    return lo, hi
+
+
+def csv_rows(obj: Mapping) -> list[list]:
+    """The rows of ``eval.csv`` (:data:`CSV_COLUMNS`) for an ``eval.json`` object: every pair, every benchmark
+    and the macro average (benchmark ``macro``), every number; an empty cell where there is no value."""
+    rows = []
+    for senior, junior, result in eval_pairs(obj):
+        scopes = [*result.get("per_benchmark", {}).items(), (MACRO, result.get("macro", {}))]
+        for bench, metrics in scopes:
+            for mode, metric, value, se in metric_rows(metrics):
+                lo, hi = _interval(metric, value, se)
+                rows.append([senior, junior, bench, mode, metric, value, *("" if x is None else x for x in (se, lo, hi))])
+    return rows
+
+
+def write_eval_csv(path: str | Path, obj: Mapping) -> Path:
+    """Write ``eval.csv`` (:func:`csv_rows` under a header of :data:`CSV_COLUMNS`) atomically."""
+    def write(f) -> None:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(CSV_COLUMNS)
+        w.writerows(csv_rows(obj))
+
+    return atomic_write(path, write)

@@ -57,7 +57,8 @@ def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = 
                extra_json: dict[str, dict] | None = None) -> Path:
     """Save ``model`` (merged if it is a peft model) and ``tokenizer`` atomically as safetensors;
     ``state_dict``: the weights to write instead of the model's own (a sharded model's full state);
-    ``extra_json``: ``{file name: object}`` written inside before the directory is published (``best.json``)."""
+    ``extra_json``: ``{file name: object}`` written inside before the directory is published (``best.json``).
+    Like a checkpoint, the directory gets ``checksums.json`` (:mod:`tandem_rlvr.integrity`) before its marker."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".tmp-{out_dir.name}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -66,6 +67,7 @@ def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = 
     tokenizer.save_pretrained(str(tmp))
     for name, obj in (extra_json or {}).items():
         atomic_write_json(tmp / name, obj)
+    integrity.write_checksums(tmp)  # `tandem-rlvr push` refuses a final/ or best/ whose files do not verify
     (tmp / MARKER).write_text("ok\n")
     publish_dir(tmp, out_dir)
     return out_dir
