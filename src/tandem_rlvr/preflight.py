@@ -199,7 +199,7 @@ def parse_curve_ps(value) -> list[float]:
 def typed_eval_values(merged: dict, option_types: dict) -> dict:
     """Each value of ``merged`` with the type of its :class:`~tandem_rlvr.config.EvalOptions` field
     (a --config file's ``n: abc`` is a one-line error naming the key, as bad flags are)."""
-    from tandem_rlvr.config import coerce
+    from tandem_rlvr.config_values import coerce
 
     out = dict(merged)
     for key, value in merged.items():
