@@ -69,6 +69,26 @@ def _push(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_push(sub) -> None:
+    """The ``push`` command's arguments."""
+    u = sub.add_parser("push", help="upload a trained senior (final/ or best/) with a model card to the Hugging Face Hub")
+    u.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (train.out_dir)")
+    u.add_argument("repo_id", metavar="REPO_ID", help="the Hub model repository, owner/name (created if missing)")
+    u.add_argument("--folder", choices=("final", "best"), default="final",
+                   help="final: the senior after the last step (default); best: the best validation checkpoint")
+    u.add_argument("--eval", metavar="DIR", default=None, help="a `tandem-rlvr eval` --out folder: its eval.json goes into the card")
+    u.add_argument("--eval-senior", metavar="NAME", default=None,
+                   help="the senior's name in eval.json (default: the one evaluated from the pushed folder, or the only one)")
+    u.add_argument("--private", action="store_true", help="create the repository private")
+    u.add_argument("--revision", metavar="BRANCH", default=None, help="push to this branch (created if missing; default main)")
+    u.add_argument("--dry-run", action="store_true", help="write the card and the staging folder, list the files, upload nothing")
+    u.add_argument("--staging", metavar="DIR", default=None,
+                   help="where the card and the links to the files go (default hub_staging/OWNER__NAME)")
+    u.add_argument("--trust-unverified", action="store_true",
+                   help="push a folder that has no checksums.json (written by an older version) without verifying it")
+    u.set_defaults(func=_push)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
     from tandem_rlvr import __version__
@@ -115,22 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--path", action="store_true", help="print the file's path instead of its text")
     s.set_defaults(func=_config_show)
 
-    u = sub.add_parser("push", help="upload a trained senior (final/ or best/) with a model card to the Hugging Face Hub")
-    u.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (train.out_dir)")
-    u.add_argument("repo_id", metavar="REPO_ID", help="the Hub model repository, owner/name (created if missing)")
-    u.add_argument("--folder", choices=("final", "best"), default="final",
-                   help="final: the senior after the last step (default); best: the best validation checkpoint")
-    u.add_argument("--eval", metavar="DIR", default=None, help="a `tandem-rlvr eval` --out folder: its eval.json goes into the card")
-    u.add_argument("--eval-senior", metavar="NAME", default=None,
-                   help="the senior's name in eval.json (default: the one evaluated from the pushed folder, or the only one)")
-    u.add_argument("--private", action="store_true", help="create the repository private")
-    u.add_argument("--revision", metavar="BRANCH", default=None, help="push to this branch (created if missing; default main)")
-    u.add_argument("--dry-run", action="store_true", help="write the card and the staging folder, list the files, upload nothing")
-    u.add_argument("--staging", metavar="DIR", default=None,
-                   help="where the card and the links to the files go (default hub_staging/OWNER__NAME)")
-    u.add_argument("--trust-unverified", action="store_true",
-                   help="push a folder that has no checksums.json (written by an older version) without verifying it")
-    u.set_defaults(func=_push)
+    _add_push(sub)
     return p
 
 

@@ -99,7 +99,7 @@ def test_sharded_launchers_are_refused_with_a_clear_message():
     for ok in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
         check_supported(ok)
     for bad in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        with pytest.raises(TandemError, match=f"{bad.value} is not supported.*ddp.yaml"):
+        with pytest.raises(TandemError, match=f"{bad.value} is not supported.*accelerate/ddp"):
             check_supported(bad)
 
 
