@@ -141,3 +141,38 @@ def test_hub_prompt_column_of_chat_messages(tmp_path, monkeypatch):
     assert ex[0].problem.messages == ({"role": "system", "content": "Be brief."},
                                       {"role": "user", "content": "What is 6*7?"})
     assert ex[1].problem.messages == ({"role": "user", "content": "What is 9-1?"},)
+
+
+def test_a_hub_dataset_is_loaded_once_per_process_and_its_notice_printed_once(hub, tmp_path, monkeypatch):
+    """The checks before the first forward and the run read the same hub dataset: datasets loads it once (per
+    id, subset and cache folder), and its offline notice is printed once, by datasets' own handler, not a
+    second time through the root logger's."""
+    import logging
+
+    import datasets
+
+    from tandem_rlvr import data_sources
+    from tandem_rlvr.logs import quiet_libraries, setup_logging
+
+    monkeypatch.setattr(data_sources, "_OPENED", {})
+    calls = []
+    real = datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    lib = logging.getLogger("datasets")
+    monkeypatch.setattr(lib, "propagate", lib.propagate)  # restored after the test
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    setup_logging()
+    quiet_libraries()
+    seen = []
+    rec = logging.Handler()
+    rec.emit = seen.append
+    root.addHandler(rec)
+    for split in ("train", "test", "train"):
+        train_examples(_cfg(tmp_path, train="myorg/tiny-math", subset="easy", train_split=split))
+    assert calls == [("myorg/tiny-math", "easy")]
+    train_examples(_cfg(tmp_path, train="myorg/tiny-math", subset="hard"))
+    assert len(calls) == 2
+    assert lib.handlers, "datasets prints its notices with its own handler"
+    assert not [r for r in seen if r.name.startswith("datasets")], "datasets' lines reached the root logger too"
+    assert [r for r in seen if r.name.startswith("tandem_rlvr")]  # ours still do

@@ -59,13 +59,26 @@ def _open_dir(path: Path, subset: str | None, key: str) -> Any:
                         f"({type(e).__name__}: {_first_line(e)})") from e
 
 
+_OPENED: dict = {}  # (repo, subset, cache folder) -> the loaded DatasetDict: a run reads its data several times
+
+
 def _open_hub(repo: str, subset: str | None, split: str | None, key: str) -> Any:
+    """The dataset ``repo`` (``subset``), loaded once per process and datasets cache folder: the checks before
+    the first forward and the run itself read the same data without loading it (and printing datasets'
+    offline notice) again."""
     import datasets as hf
 
+    memo = (repo, subset or None, str(hf.config.HF_DATASETS_CACHE))
+    if memo in _OPENED:
+        return _OPENED[memo]
     try:
-        return hf.load_dataset(repo, subset or None)
+        ds = hf.load_dataset(repo, subset or None)
     except Exception as e:  # noqa: BLE001 - offline, missing, gated, bad subset: one clear line
         raise DataError(_hub_error(repo, subset, key, e)) from e
+    if len(_OPENED) >= 8:
+        _OPENED.clear()
+    _OPENED[memo] = ds
+    return ds
 
 
 def _hub_error(repo: str, subset: str | None, key: str, e: Exception) -> str:

@@ -64,6 +64,7 @@ def quiet_libraries(*, downloads: bool | None = None) -> None:
         pass
     else:
         datasets.disable_progress_bars()
+        datasets.logging.disable_propagation()  # its own handler prints its lines; through ours too, they came twice
 
 
 def is_terminal(stream=None) -> bool:
