@@ -103,16 +103,20 @@ def test_bridged_step_handoff_is_the_training_bridge(models, tokenizer, junior_t
     sp = [_render(tokenizer, p.problem) for p in PROBLEMS]
     jp = [_render(junior_tokenizer, p.problem) for p in PROBLEMS]
     sampling = Sampling(max_new_tokens=1000, temperature=1.0)  # (no budget binds: the bridge counts differently)
-    multi = 0
-    for seed in (0, 3):
+    multi, compared = 0, 0
+    for seed in range(12):  # the first two seeds whose chains all end before the budget
         ours = bridge_handoff(senior, junior, sp, jp, sampling, seed=seed, max_rounds=6)
+        if not set(ours["stops"]) <= {"eos", "max_rounds"}:
+            continue
         ref = bridge_generate(senior, junior, sp, jp, Schedule("alternate"), sampling, seed=seed, max_rounds=6, score=False)
-        assert set(ours["stops"]) <= {"eos", "max_rounds"}, ours["stops"]
         assert ours["texts"] == ref.texts and ours["spans"] == ref.spans
         assert torch.equal(ours["rollout"].owner_BT, ref.rollout.owner_BT)
         assert ours["rollout"].rounds_B.tolist() == ref.rollout.rounds_B.tolist()
         multi += sum(len(s) > 2 for s in ours["spans"])
-    assert multi >= 2, "the fixture must exercise several handoffs"
+        compared += 1
+        if compared == 2:
+            break
+    assert compared == 2 and multi >= 2, "the fixture must exercise several handoffs"
 
 
 def test_bridged_budget_counts_senior_tokens(models, tokenizer, junior_tokenizer):

@@ -320,7 +320,7 @@ def test_junior_that_always_emits_eos_fails_the_team(tokenizer):
     """The reward needs >= 2 steps and the answer; the senior alone writes them, but in step handoff
     the junior ends the chain (EOS) right after the senior's first step, so the team always fails."""
     nl, seven, eos = ids_of(tokenizer, "\n"), ids_of(tokenizer, "7"), tokenizer.eos_token_id
-    senior = biased(make_tiny_model(len(tokenizer), seed=0, hidden=48), {nl: 2.0, seven: 2.0, eos: -30.0})
+    senior = biased(make_tiny_model(len(tokenizer), seed=0, hidden=48), {nl: 2.5, seven: 2.5, eos: -30.0})
     junior = biased(make_tiny_model(len(tokenizer), seed=1), {eos: 50.0})
 
     def two_steps_and_answer(text: str, gold: str) -> float:
