@@ -13,7 +13,7 @@ from helpers.trainers import tiny_trainer as _trainer, trainer_config as _cfg
 from tandem_rlvr.engines.bridge import BridgeEngine
 from tandem_rlvr.cli import main
 from tandem_rlvr.config import ConfigError, load_config
-from tandem_rlvr.engines.base import FirstServing, PromptBatch
+from tandem_rlvr.engines.base import Engine, PromptBatch
 from tandem_rlvr.engines.inprocess import InProcessEngine
 from tandem_rlvr.engines.serving import BRIDGE, IN_PROCESS, VLLM, VLLM_SOLO
 from tandem_rlvr.errors import BridgeError, EngineError
@@ -30,8 +30,7 @@ def _engines(tokenizer, models):
     params = dict(sampling_params_cls=lambda **k: SimpleNamespace(**k))
     vllm = DualVLLMEngine(SimpleNamespace(tandem_vocab=len(tokenizer)), **params, **kw)
     solo = VLLMEngine(object(), **params, **kw)
-    return {"in-process": local, "vllm": vllm, "vllm solo": solo, "text bridge": BridgeEngine(s, tokenizer, j, tokenizer),
-            "vllm then in-process": FirstServing(vllm, local), "vllm solo then in-process": FirstServing(solo, local)}
+    return {"in-process": local, "vllm": vllm, "vllm solo": solo, "text bridge": BridgeEngine(s, tokenizer, j, tokenizer)}
 
 
 def test_each_engine_declares_what_it_serves(tokenizer, base_models):  # noqa: F811
@@ -39,8 +38,6 @@ def test_each_engine_declares_what_it_serves(tokenizer, base_models):  # noqa: F
     assert set(IN_PROCESS.schedules) == set(SCHEDULES)
     assert set(VLLM.schedules) == set(SCHEDULES) and set(BRIDGE.schedules) == {"step", "alternate"}
     assert set(VLLM_SOLO.schedules) == {"none"}
-    assert set(engines["vllm then in-process"].serving.schedules) == set(SCHEDULES)
-    assert set(engines["vllm solo then in-process"].serving.schedules) == set(SCHEDULES)
     for name in SCHEDULES:
         sch = make_schedule(name, tokenizer)
         for label, engine in engines.items():
