@@ -77,7 +77,7 @@ def fake_vllm(monkeypatch):
     return made, lambda path, **kw: made.append(("solo", path, kw)) or SimpleNamespace()
 
 
-def test_build_engine_makes_each_kind_from_its_spec(fake_vllm, monkeypatch):
+def test_build_engine_makes_each_kind_from_its_spec(fake_vllm):
     import os
 
     made, make = fake_vllm
