@@ -182,3 +182,18 @@ def test_no_module_uses_another_modules_private_names():
         if hits:
             found[mod] = hits
     assert not found, f"private names used across modules (make them public or move the code): {found}"
+
+
+def test_engines_do_not_import_the_training_config():
+    """An engine is described by :class:`tandem_rlvr.engines.spec.EngineSpec`, built from either configuration
+    outside ``engines/``; no engine module reads ``tandem_rlvr.config`` (import, from-import, inside a function),
+    nor takes a config by duck typing (a parameter named ``cfg``)."""
+    bad = sorted(m for m, targets in import_graph().items()
+                 if _group(m) == "engines" and "tandem_rlvr.config" in targets)
+    assert not bad, f"engine modules that import tandem_rlvr.config: {bad}"
+    for mod, path in _modules().items():
+        if _group(mod) == "engines":
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                    assert "cfg" not in [a.arg for a in args], f"{mod}.{node.name} takes a config (cfg): pass an EngineSpec"

@@ -1,11 +1,13 @@
 """The rollout-engine interface: what each engine serves, how it refuses the rest, and the in-process
 engine's two modes reached from a config."""
 
+import ast
 import json
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.paths import ROOT
 from helpers.run_files import write_config
 from helpers.trainers import base_models  # noqa: F401 (fixture)
 from helpers.trainers import tiny_trainer as _trainer, trainer_config as _cfg
@@ -13,7 +15,7 @@ from helpers.trainers import tiny_trainer as _trainer, trainer_config as _cfg
 from tandem_rlvr.engines.bridge import BridgeEngine
 from tandem_rlvr.cli import main
 from tandem_rlvr.config import ConfigError, load_config
-from tandem_rlvr.engines.base import FirstServing, PromptBatch
+from tandem_rlvr.engines.base import Engine, PromptBatch
 from tandem_rlvr.engines.inprocess import InProcessEngine
 from tandem_rlvr.engines.serving import BRIDGE, IN_PROCESS, VLLM, VLLM_SOLO
 from tandem_rlvr.errors import BridgeError, EngineError
@@ -21,6 +23,8 @@ from tandem_rlvr.engines.handoff import SCHEDULES, make_schedule
 from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.engines.vllm_backend import VLLMEngine
 from tandem_rlvr.engines.vllm_dual import DualVLLMEngine
+
+SRC = ROOT / "src" / "tandem_rlvr"
 
 
 def _engines(tokenizer, models):
@@ -30,8 +34,7 @@ def _engines(tokenizer, models):
     params = dict(sampling_params_cls=lambda **k: SimpleNamespace(**k))
     vllm = DualVLLMEngine(SimpleNamespace(tandem_vocab=len(tokenizer)), **params, **kw)
     solo = VLLMEngine(object(), **params, **kw)
-    return {"in-process": local, "vllm": vllm, "vllm solo": solo, "text bridge": BridgeEngine(s, tokenizer, j, tokenizer),
-            "vllm then in-process": FirstServing(vllm, local), "vllm solo then in-process": FirstServing(solo, local)}
+    return {"in-process": local, "vllm": vllm, "vllm solo": solo, "text bridge": BridgeEngine(s, tokenizer, j, tokenizer)}
 
 
 def test_each_engine_declares_what_it_serves(tokenizer, base_models):  # noqa: F811
@@ -39,8 +42,6 @@ def test_each_engine_declares_what_it_serves(tokenizer, base_models):  # noqa: F
     assert set(IN_PROCESS.schedules) == set(SCHEDULES)
     assert set(VLLM.schedules) == set(SCHEDULES) and set(BRIDGE.schedules) == {"step", "alternate"}
     assert set(VLLM_SOLO.schedules) == {"none"}
-    assert set(engines["vllm then in-process"].serving.schedules) == set(SCHEDULES)
-    assert set(engines["vllm solo then in-process"].serving.schedules) == set(SCHEDULES)
     for name in SCHEDULES:
         sch = make_schedule(name, tokenizer)
         for label, engine in engines.items():
@@ -105,3 +106,48 @@ def test_cli_train_in_catchup_mode_writes_every_output(tmp_path, model_dirs):
     assert "mode: catchup" in (run / "config.yaml").read_text()
     assert (run / "checkpoints" / "step-1" / "model.safetensors").exists()
     assert (run / "final" / "model.safetensors").exists() and (run / "final" / "config.json").exists()
+
+
+def _is_engine(node) -> bool:
+    """``engine`` or ``<anything>.engine``: how the trainer, the run builder and the evaluation hold their engine."""
+    return (isinstance(node, ast.Name) and node.id == "engine") or (isinstance(node, ast.Attribute)
+                                                                      and node.attr == "engine")
+
+
+def engine_members_used() -> dict[str, set[str]]:
+    """``member -> modules`` for every member of an engine read outside ``engines/``: ``engine.x``, ``job.engine.x``,
+    ``getattr(engine, "x", ...)`` / ``hasattr(...)``."""
+    used: dict[str, set[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if path.parent.name == "engines":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = None
+            if isinstance(node, ast.Attribute) and _is_engine(node.value):
+                name = node.attr
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr")
+                  and len(node.args) >= 2 and _is_engine(node.args[0]) and isinstance(node.args[1], ast.Constant)):
+                name = node.args[1].value
+            if name is not None:
+                used.setdefault(name, set()).add(path.stem)
+    return used
+
+
+def test_the_interface_lists_every_member_its_callers_use():
+    members = {n for n in vars(Engine) if not n.startswith("_")} | set(Engine.__annotations__)
+    used = engine_members_used()
+    assert {"generate_many", "sync_senior", "sleep", "close", "own_weights", "check"} <= set(used), used  # the scan works
+    missing = {name: sorted(mods) for name, mods in used.items() if name not in members}
+    assert not missing, f"engine members used but not in the Engine protocol (tandem_rlvr.engines.base): {missing}"
+
+
+def test_every_engine_class_implements_the_interface(tokenizer, base_models):  # noqa: F811
+    declared = set()
+    for path in (SRC / "engines").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", None) == "EngineBase" for b in node.bases):
+                declared.add(node.name)
+    engines = _engines(tokenizer, base_models)
+    assert declared == {type(e).__name__ for e in engines.values()}, "every engine class is checked here"
+    for label, engine in engines.items():
+        assert isinstance(engine, Engine), label

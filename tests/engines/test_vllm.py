@@ -89,14 +89,17 @@ def test_vllm_solo_engine_and_weight_push(tok, pair, batch, tmp_path):
 
 @pytest.mark.slow
 @needs_vllm
-def test_a_512_position_model_trains_on_vllm_with_the_default_prompt_budget(tok, pair, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arm", ["trlvr", "grpo"])
+def test_a_512_position_model_trains_on_vllm_with_the_default_prompt_budget(tok, pair, tmp_path, monkeypatch, arm):
     """max_position_embeddings 512 and the default rollout.max_prompt_tokens (1024): the engines get the
     context the run needs (longest prompt + budget, tandem_rlvr.context), so vLLM accepts them and the
-    run trains as it does in-process (vLLM refused max_model_len 1056 > 512 before)."""
+    run trains as it does in-process (vLLM refused max_model_len 1056 > 512 before). trlvr on the dual
+    engine, grpo on the plain engine of the senior (both built by engines.factory.build_engine)."""
     from dataclasses import dataclass
 
     from tandem_rlvr.config import load_config
     from tandem_rlvr.engines import vllm_backend as vb
+    from tandem_rlvr.engines.vllm_dual import DualVLLMEngine
     from tandem_rlvr.training.trainer import make_trainer
 
     real_make = vb.make_llm  # the trainer's engines, with a small fixed KV cache (CPU memory shares add up)
@@ -116,7 +119,7 @@ def test_a_512_position_model_trains_on_vllm_with_the_default_prompt_budget(tok,
         model.save_pretrained(str(dirs[name]))
         tok.save_pretrained(str(dirs[name]))
     cfg = load_config(None, [
-        "algo.arm=trlvr", f"model.senior={dirs['senior']}", f"model.junior={dirs['junior']}", "model.dtype=float32",
+        f"algo.arm={arm}", f"model.senior={dirs['senior']}", f"model.junior={dirs['junior']}", "model.dtype=float32",
         "handoff.schedule=word", "handoff.p=0.5", "algo.senior_frac_band=[0.0,1.0]", "rollout.engine=vllm",
         "train.steps=1", "train.prompts_per_step=2", "algo.group_size=2",
         "rollout.max_new_tokens=16", "rollout.temperature=1.0", f"train.out_dir={tmp_path / 'run'}",
@@ -125,6 +128,7 @@ def test_a_512_position_model_trains_on_vllm_with_the_default_prompt_budget(tok,
     tr = make_trainer(cfg, examples=[Ex(str(i), p, "7") for i, p in enumerate(PROBLEMS[:4])],
                  reward_fn=lambda c, g: float(len(c) % 2))
     try:
+        assert type(tr.engine) is (DualVLLMEngine if arm == "trlvr" else VLLMEngine)
         assert tr.context.engine_len == max(map(len, tr.prompts)) + 16 <= 512
         assert tr.engine.llm.llm_engine.model_config.max_model_len == tr.context.engine_len
         tr.train()

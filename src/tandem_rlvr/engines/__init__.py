@@ -1,6 +1,7 @@
 """Rollout engines: who produces the tokens of a co-written rollout (never who writes next: that is
 :mod:`tandem_rlvr.engines.handoff`'s). Every engine implements :class:`~tandem_rlvr.engines.base.Engine`; the
-trainer and the evaluation get one from :mod:`tandem_rlvr.engines.factory` and make one call.
+trainer and the evaluation describe theirs as an :class:`~tandem_rlvr.engines.spec.EngineSpec` (plain values: no
+module here reads a configuration) and get it from :func:`tandem_rlvr.engines.factory.build_engine`.
 
 - ``hf`` (:mod:`~tandem_rlvr.engines.rollout`): the in-process dual decoder, ``lockstep`` or ``catchup``, every schedule;
 - ``bridge`` (:mod:`~tandem_rlvr.engines.bridge`): a junior with another tokenizer, through text, step-level schedules,

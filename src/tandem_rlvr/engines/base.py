@@ -1,10 +1,11 @@
-"""The rollout-engine interface: ``serves(schedule)`` and ``generate(prompts, schedule, sampling, seed)``."""
+"""The rollout-engine interface (:class:`Engine`), its shared defaults (:class:`EngineBase`) and the prompt batch
+every engine reads (:class:`PromptBatch`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -42,25 +43,40 @@ class PromptBatch:
         return [row[m.bool()].tolist() for row, m in zip(self.ids_BP.cpu(), self.mask_BP.cpu())]
 
 
+@runtime_checkable
 class Engine(Protocol):
-    """Anything that co-writes rollouts. ``serving`` declares the schedules it serves (the config asks it)."""
+    """Anything that co-writes rollouts: every member the trainer, the run builder and the evaluation use.
+    :class:`EngineBase` gives all but ``serving`` and ``generate``; every engine class derives from it.
+
+    ``serving``: the schedules it serves (the config asks it); ``own_weights``: it decodes from its own copy
+    of the senior (vLLM), so a sharded senior need not be gathered for its rollouts; ``batches_requests``: it
+    schedules many chunks at once, so callers hand it all of them in one :meth:`generate_many` call."""
 
     serving: Serves
+    own_weights: bool
+    batches_requests: bool
 
     def serves(self, schedule: Schedule) -> bool: ...
+
+    def check(self, schedule: Schedule) -> None: ...
 
     def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,
                  max_rounds: int | None = None) -> Rollout: ...
 
+    def generate_many(self, batches: Sequence[tuple[PromptBatch, int]], schedule: Schedule, sampling: Sampling, *,
+                      max_rounds: int | None = None) -> list[Rollout]: ...
+
     def sync_senior(self, model) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class EngineBase:
-    """``serves`` / ``check`` from the class's ``serving`` declaration, and no-op ``sync_senior`` / ``sleep``.
-
-    ``own_weights``: the engine decodes from its own copy of the senior (vLLM), so a sharded senior need
-    not be gathered for its rollouts. ``batches_requests``: it schedules many chunks at once, so callers
-    hand it all of them in one :meth:`generate_many` call."""
+    """``serves`` / ``check`` from the class's ``serving`` declaration, ``generate_many`` as one ``generate`` per
+    chunk, no-op ``sync_senior`` / ``sleep`` / ``close``, and neither ``own_weights`` nor ``batches_requests``
+    (see :class:`Engine`)."""
 
     serving: Serves
     own_weights = False
@@ -88,35 +104,3 @@ class EngineBase:
         """Release what the engine holds (vLLM: shut its engine down) before the run closes its process
         group; idempotent, and safe after a fault (a hung engine call is abandoned, not waited for)."""
 
-
-class FirstServing(EngineBase):
-    """Routes each schedule to the first of ``engines`` that serves it (e.g. vLLM, then in-process)."""
-
-    def __init__(self, *engines: Engine):
-        self.engines = engines
-        names = dict.fromkeys(s for e in engines for s in e.serving.schedules)
-        self.serving = Serves(" then ".join(e.serving.engine for e in engines), tuple(names))
-
-    @property
-    def batches_requests(self) -> bool:
-        return any(getattr(e, "batches_requests", False) for e in self.engines)
-
-    def generate(self, prompts, schedule, sampling, *, seed=0, max_rounds=None):
-        return self.generate_many([(prompts, seed)], schedule, sampling, max_rounds=max_rounds)[0]
-
-    def generate_many(self, batches, schedule, sampling, *, max_rounds=None):
-        self.check(schedule)
-        engine = next(e for e in self.engines if e.serves(schedule))
-        return engine.generate_many(batches, schedule, sampling, max_rounds=max_rounds)
-
-    def sync_senior(self, model) -> None:
-        for e in self.engines:
-            e.sync_senior(model)
-
-    def sleep(self) -> None:
-        for e in self.engines:
-            e.sleep()
-
-    def close(self) -> None:
-        for e in self.engines:
-            e.close()

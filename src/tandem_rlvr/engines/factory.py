@@ -1,43 +1,58 @@
-"""The one place that picks a rollout engine from a setting (training config or evaluation options)."""
+"""The one constructor of rollout engines: :func:`build_engine` of an :class:`~tandem_rlvr.engines.spec.EngineSpec`
+(training's and evaluation's alike) and the loaded models."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
-from tandem_rlvr.engines.base import Engine, FirstServing
-from tandem_rlvr.engines.inprocess import InProcessEngine
+from tandem_rlvr.engines.base import Engine
+from tandem_rlvr.engines.spec import EngineSpec
+
+__all__ = ["build_engine", "vllm_kwargs"]
 
 
-def training_engine(cfg, pair, senior, schedule, *, eos_token_ids: Sequence[int], num_processes: int = 1,
-                    vllm_engine=None, max_model_len: int | None = None) -> Engine:
-    """The engine of a training run (rolling out ``schedule``): the text bridge for a junior with another tokenizer, else
-    ``rollout.engine`` (``hf``: in-process in ``rollout.mode``, recording the junior's log-probs of
-    tandem rollouts; ``vllm``: ``vllm_engine`` or new vLLM engines of ``max_model_len`` positions, the
-    context the run needs (:mod:`tandem_rlvr.context`))."""
-    pad = pair.tokenizer.pad_token_id
-    if pair.junior_tokenizer is not None:
+def build_engine(spec: EngineSpec, senior, junior, *, eos_token_ids: Sequence[int], pad_token_id: int,
+                 tokenizer=None, junior_tokenizer=None, make=None) -> Engine:
+    """The engine ``spec`` describes, over ``senior`` and ``junior`` (loaded, on their device; the vLLM engines
+    load their own copies from the spec's paths). The schedules it must serve are checked first, so a refusal
+    comes before anything starts. The text bridge needs both ``tokenizer`` and ``junior_tokenizer``; ``make``
+    replaces ``vllm_backend.make_llm`` (tests)."""
+    spec.check()
+    if spec.bridge:
         from tandem_rlvr.engines.bridge import BridgeEngine
 
-        return BridgeEngine(senior, pair.tokenizer, pair.junior, pair.junior_tokenizer, eos_token_ids=eos_token_ids)
-    if cfg.rollout.engine == "vllm":
-        if vllm_engine is not None:
-            return vllm_engine
-        from tandem_rlvr.engines.vllm_dual import training_engine as vllm_engines
+        return BridgeEngine(senior, tokenizer, junior, junior_tokenizer, eos_token_ids=eos_token_ids)
+    if spec.vllm:
+        return _vllm_engine(spec, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, make=make)
+    from tandem_rlvr.engines.inprocess import InProcessEngine
 
-        return vllm_engines(cfg, uses_junior=schedule.name != "none", eos_token_ids=eos_token_ids, pad_token_id=pad,
-                            num_processes=num_processes, max_model_len=max_model_len)
-    return InProcessEngine(senior, pair.junior, eos_token_ids=eos_token_ids, pad_token_id=pad, mode=cfg.rollout.mode,
-                           record_junior=True)
+    return InProcessEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, mode=spec.mode,
+                           record_junior=spec.record_junior)
 
 
-def eval_engine(kind: str, mode: str, senior, junior, *, eos_token_ids: Sequence[int], pad_token_id: int,
-                vllm_llm=None) -> Engine:
-    """The engine of an evaluation: in-process (``kind`` ``hf``, in ``mode``), or for ``vllm`` the dual vLLM
-    engine ``vllm_llm`` for what it serves (every schedule, solo on the senior stack alone), then in-process
-    for the rest (nothing today; kept so an engine that serves fewer still works)."""
-    local = InProcessEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, mode=mode)
-    if kind != "vllm":
-        return local
-    from tandem_rlvr.engines.vllm_dual import DualVLLMEngine
+def vllm_kwargs(spec: EngineSpec) -> dict:
+    """The ``vllm.LLM`` arguments of ``spec`` (through :func:`~tandem_rlvr.engines.vllm_backend.make_llm`)."""
+    from tandem_rlvr.engines.vllm_backend import sleep_kwargs
 
-    return FirstServing(DualVLLMEngine(vllm_llm, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id), local)
+    kw = dict(dtype=spec.dtype, gpu_memory_utilization=spec.memory, seed=spec.seed, max_model_len=spec.max_model_len,
+              trust_remote_code=spec.trust_remote_code, **sleep_kwargs(spec.sleep))
+    if spec.processes > 1:  # each process holds its own engine on its own device, as colocated trainers do
+        kw["distributed_executor_backend"] = "external_launcher"
+    return kw
+
+
+def _vllm_engine(spec: EngineSpec, *, eos_token_ids: Sequence[int], pad_token_id: int, make=None) -> Engine:
+    """For tandem rollouts one dual engine that holds the senior and the junior and decodes each rollout as one
+    request (:mod:`tandem_rlvr.engines.vllm_dual`); for solo rollouts alone a plain engine of the senior."""
+    from tandem_rlvr.engines import vllm_backend as vb
+    from tandem_rlvr.engines import vllm_dual
+
+    make, kw = make or vb.make_llm, vllm_kwargs(spec)
+    if spec.long_context:  # the user states the models read this far: vLLM would refuse more than their config says
+        os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    common = dict(eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, timeout_s=spec.timeout_s, sleep=spec.sleep)
+    if spec.solo:
+        return vb.VLLMEngine(make(spec.senior_path, **kw), **common)
+    return vllm_dual.DualVLLMEngine(vllm_dual.make_dual_llm(spec.senior_path, spec.junior_path, make=make, **kw),
+                                    **common)

@@ -1,4 +1,5 @@
-"""vLLM backend (optional extra ``tandem-rlvr[vllm]``): engines, weight pushes and the training engine.
+"""vLLM backend (optional extra ``tandem-rlvr[vllm]``): the plain engine of solo rollouts and weight pushes
+(both vLLM engines are built by :func:`tandem_rlvr.engines.factory.build_engine`).
 
 - :func:`make_llm`: a ``vllm.LLM`` with prefix caching whose engine core runs in this process (the trainer
   reaches its worker to push weights); an error while it starts is one line naming our keys.
@@ -292,7 +293,6 @@ class VLLMEngine(EngineBase):
         """Shut the vLLM engine down (idempotent; an engine hung past its time limit is abandoned, not waited for)."""
         self.thread.close(lambda: shutdown_llm(self.llm), self.timeout_s)
 
-    push_senior = sync_senior
 
 
 def check_vllm_schedule(schedule: Schedule) -> None:

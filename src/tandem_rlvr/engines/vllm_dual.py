@@ -14,7 +14,6 @@ into the senior stack only, and runs rollouts that the junior never writes on th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from importlib import import_module
 
@@ -27,7 +26,7 @@ from tandem_rlvr.engines.serving import VLLM
 from tandem_rlvr.engines.vllm_thread import EngineFault, EngineThread, shutdown_llm
 from tandem_rlvr.errors import EngineError
 
-__all__ = ["DualVLLMEngine", "EngineFault", "EngineThread", "shared_ids", "make_dual_llm", "training_engine", "check_vllm_internals", "TESTED_VLLM",
+__all__ = ["DualVLLMEngine", "EngineFault", "EngineThread", "shared_ids", "make_dual_llm", "check_vllm_internals", "TESTED_VLLM",
            "INTERNALS"]
 
 TESTED_VLLM = ("0.32.0",)  # the vLLM versions the dual engine is tested with (pyproject's vllm extra)
@@ -236,40 +235,3 @@ class DualVLLMEngine(EngineBase):
         """Shut the vLLM engine down on the engine thread (:meth:`EngineThread.close`: idempotent, an engine hung
         past its time limit is abandoned, never waited for)."""
         self.thread.close(lambda: shutdown_llm(self.llm), self.timeout_s)
-
-    push_senior = sync_senior
-
-
-def training_engine(cfg, *, uses_junior: bool, eos_token_ids: Sequence[int], pad_token_id: int,
-                    num_processes: int = 1, make=None, max_model_len: int | None = None):
-    """The engine of a run with ``rollout.engine=vllm``: for tandem rollouts one dual engine that holds the
-    senior's start weights and the junior (self-paired: the same start weights, never pushed; LoRA: the
-    base) and decodes each rollout as one request (:mod:`tandem_rlvr.engines.vllm_dual`); for solo arms a
-    plain engine of the senior alone.
-
-    Each training process holds its own engine on its own device; with several processes they use
-    vLLM's ``external_launcher`` executor, as colocated trainers do. ``make`` replaces ``vllm_backend.make_llm``
-    (tests). ``max_model_len``: the context the run needs (longest kept prompt + budget, capped at what
-    the models read); default prompt + response budgets.
-    """
-    from tandem_rlvr.engines import vllm_backend as vb
-    from tandem_rlvr.models import resolve_name
-
-    m, r = cfg.model, cfg.rollout
-    make = make or vb.make_llm
-    dtype = m.dtype if r.vllm_dtype == "model" else r.vllm_dtype  # pushes cast the senior's weights to it
-    kw = dict(dtype=dtype, gpu_memory_utilization=r.vllm_memory, seed=cfg.train.seed,
-              max_model_len=max_model_len or r.max_prompt_tokens + r.max_new_tokens, trust_remote_code=m.trust_remote_code,
-              **vb.sleep_kwargs(r.vllm_sleep))
-    if m.max_context:  # the user states the models read this far: vLLM would refuse more than their config says
-        os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
-    if num_processes > 1:
-        kw["distributed_executor_backend"] = "external_launcher"
-    senior_path = resolve_name(m.senior)
-    if not uses_junior:
-        return vb.VLLMEngine(make(senior_path, **kw), eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-                             sleep=r.vllm_sleep, timeout_s=r.vllm_timeout_s)
-    junior_path = senior_path if m.self_paired else resolve_name(m.junior)
-    llm = make_dual_llm(senior_path, junior_path, make=make, **kw)
-    return DualVLLMEngine(llm, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, timeout_s=r.vllm_timeout_s,
-                          sleep=r.vllm_sleep)

@@ -211,23 +211,25 @@ def _pair_kwargs(opts: EvalOptions) -> dict:
                 progress=opts.progress, keep_chains=False)
 
 
-def _vllm_llm(opts: EvalOptions, path: str, junior_path: str, dtype: str, max_model_len: int | None = None):
-    """The dual vLLM engine of a senior and the junior for ``--engine vllm``, of ``max_model_len`` positions:
-    the farthest the chains reach (preflight's context check), else --context."""
-    from tandem_rlvr.engines.vllm_dual import make_dual_llm
+def _engine_spec(opts: EvalOptions, path: str, junior_path: str, dtype: str, max_model_len: int | None = None):
+    """The rollout engine of a senior and the junior: in-process in ``--mode``, or (``--engine vllm``) the dual vLLM
+    engine of ``max_model_len`` positions: the farthest the chains reach (preflight's context check), else --context."""
+    from tandem_rlvr.engines.spec import EngineSpec
 
-    return make_dual_llm(path, junior_path, dtype=dtype, gpu_memory_utilization=opts.vllm_memory, seed=opts.seed,
-                         max_model_len=max_model_len or opts.context, trust_remote_code=opts.trust_remote_code)
+    # what evaluate_pair samples: solo, handoff, the curve
+    return EngineSpec(kind=opts.engine, schedules=("none", "alternate", "word"), mode=opts.mode, senior_path=path,
+                      junior_path=junior_path, dtype=dtype, memory=opts.vllm_memory, seed=opts.seed,
+                      max_model_len=max_model_len or opts.context, trust_remote_code=opts.trust_remote_code,
+                      long_context=bool(opts.max_context))
 
 
 def _engine(opts: EvalOptions, path: str, junior_path: str, dtype: str, tok, senior, junior, max_model_len=None):
-    """The rollout engine of one senior: in-process in ``--mode``, or the dual vLLM engine."""
-    from tandem_rlvr.engines.factory import eval_engine
+    """The rollout engine of one senior (:func:`_engine_spec`, built by the one constructor)."""
+    from tandem_rlvr.engines.factory import build_engine
     from tandem_rlvr.models import eos_ids
 
-    llm = _vllm_llm(opts, path, junior_path, dtype, max_model_len) if opts.engine == "vllm" else None
-    return eval_engine(opts.engine, opts.mode, senior, junior, eos_token_ids=eos_ids(tok, senior),
-                       pad_token_id=tok.pad_token_id, vllm_llm=llm)
+    return build_engine(_engine_spec(opts, path, junior_path, dtype, max_model_len), senior, junior,
+                        eos_token_ids=eos_ids(tok, senior), pad_token_id=tok.pad_token_id)
 
 
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,

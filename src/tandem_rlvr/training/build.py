@@ -21,13 +21,13 @@ import torch
 from tandem_rlvr import preflight
 from tandem_rlvr.config import Config
 from tandem_rlvr.context import engine_len
-from tandem_rlvr.engines.factory import training_engine
 from tandem_rlvr.engines.handoff import Schedule, make_schedule
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.rewards import import_reward
 from tandem_rlvr.training import checkpoint as ckpt_mod
 from tandem_rlvr.training import dist, fsdp, preempt, rundir
 from tandem_rlvr.training.arms import arm_plan
+from tandem_rlvr.training.engine_spec import training_engine
 
 __all__ = ["RunParts", "build_run", "run_schedule", "seed_everything"]
 

@@ -288,7 +288,6 @@ class Trainer:
             "train/nonfinite_run": self.nonfinite_run,
             "dist/num_processes": self.acc.num_processes,
             "time/rollout_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2, "time/step_s": t3 - t0,
-            **(self.engine.step_metrics() if hasattr(self.engine, "step_metrics") else {}),
         })
         all_r = self.acc.gather(rewards.to(self.acc.device)).float()
         row = dist.reduce_row(self.acc, row)
