@@ -2,12 +2,15 @@
 directory, ``train`` its validation data, reward and junior before the first forward pass or model load, and
 the demo its options and output directory before it builds the world."""
 
+from pathlib import Path
+
 import pytest
 
 from helpers.cli_runs import cli_lines as _cli
 from helpers.run_files import write_config
 from helpers.run_files import write_jsonl as _jsonl
 from tandem_rlvr import preflight
+from tandem_rlvr.cli import main
 
 
 @pytest.fixture
@@ -74,3 +77,29 @@ def test_demo_checks_its_inputs_before_building_the_world(tmp_path, monkeypatch)
     with pytest.raises(TandemError, match="not a writable directory"):
         run_demo(blocker / "d")
     assert preflight.check_writable(tmp_path / "new" / "dir", "x") is None and (tmp_path / "new" / "dir").is_dir()
+
+
+def test_train_reads_its_data_once_and_tokenizes_each_prompt_once(tmp_path, model_dirs, monkeypatch, caplog):
+    """Preflight reads and tokenizes the data; the builder uses its :class:`~tandem_rlvr.preflight.RunPlan`
+    instead of doing it again: one file read per split, one tokenization per training prompt, one log line."""
+    import logging
+    from collections import Counter
+
+    import tandem_rlvr.data as data
+
+    loads, rendered, encoded = [], Counter(), Counter()
+    load, render, encode = data.load_examples, data.render_prompt, data.encode_prompts
+    monkeypatch.setattr(data, "load_examples", lambda source, *a, **k: loads.append(Path(source).name) or load(source, *a, **k))
+    monkeypatch.setattr(data, "render_prompt", lambda tok, problem: rendered.update([problem]) or render(tok, problem))
+    monkeypatch.setattr(data, "encode_prompts", lambda tok, ex, **k: encoded.update(e.problem for e in ex) or encode(tok, ex, **k))
+    val = _jsonl(tmp_path / "val.jsonl", [{"problem": f"What is {i} times 2?", "answer": str(2 * i)} for i in range(3)])
+    cfg = write_config(tmp_path, model_dirs)
+    train = [f"What is {i} plus 1?" for i in range(12)]  # write_config's training data
+    caplog.set_level(logging.INFO, logger="tandem_rlvr")
+    assert main(["train", str(cfg), "train.steps=1", "train.save_every=0", f"val.data={val}", "val.every=1",
+                 "val.n=1", "val.max_new_tokens=4"]) == 0
+    assert sorted(loads) == ["train.jsonl", "val.jsonl"]
+    assert {p: rendered[p] for p in train} == dict.fromkeys(train, 1)
+    assert {p: encoded[p] for p in train} == dict.fromkeys(train, 1)
+    kept = [r.getMessage() for r in caplog.records if ": kept " in r.getMessage()]
+    assert kept == ["data: train.jsonl: kept 12 rows", "data: val.jsonl: kept 3 rows"], kept
