@@ -103,3 +103,31 @@ def test_train_reads_its_data_once_and_tokenizes_each_prompt_once(tmp_path, mode
     assert {p: encoded[p] for p in train} == dict.fromkeys(train, 1)
     kept = [r.getMessage() for r in caplog.records if ": kept " in r.getMessage()]
     assert kept == ["data: train.jsonl: kept 12 rows", "data: val.jsonl: kept 3 rows"], kept
+
+
+def test_the_run_plan_counts_what_it_skips_and_the_builder_takes_it_as_given(tmp_path, model_dirs, monkeypatch):
+    """``check_train`` returns the kept prompts with the skipped ones counted; ``build_run(cfg, plan=...)``
+    neither checks nor reads nor tokenizes again."""
+    import tandem_rlvr.data as data
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.models import load_tokenizer
+    from tandem_rlvr.training.trainer import make_trainer
+
+    rows = [{"problem": f"What is {i} plus 1?", "answer": str(i + 1)} for i in range(5)]
+    rows.insert(2, {"problem": "What is " + " plus ".join(["1"] * 40) + "?", "answer": "40"})
+    _jsonl(tmp_path / "d.jsonl", rows)
+    short = max(len(ids) for ids in data.encode_prompts(load_tokenizer(str(model_dirs[0])), [
+        data.Example("", r["problem"], r["answer"]) for r in rows if len(r["problem"]) < 30])[1])
+    cfg = load_config(write_config(tmp_path, model_dirs, data={"train": str(tmp_path / "d.jsonl")}),
+                      [f"rollout.max_prompt_tokens={short}"])
+    plan = preflight.check_train(cfg)
+    assert plan.fitted and len(plan.examples) == 6 and plan.prompt_example == [0, 1, 3, 4, 5]
+    assert plan.too_long == 1 and plan.context.skipped == 0 and plan.val_examples is None
+    assert all(len(ids) <= short for ids in plan.prompts)
+    for name in ("check_train", "check_train_context", "fit_pair_prompts"):
+        monkeypatch.setattr(preflight, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} again"))
+    monkeypatch.setattr(data, "load_examples", lambda *a, **k: pytest.fail("data read again"))
+    monkeypatch.setattr(data, "render_prompt", lambda *a, **k: pytest.fail("prompts tokenized again"))
+    tr = make_trainer(cfg, plan=plan)
+    tr.lock.release()
+    assert tr.prompts is plan.prompts and tr.prompt_example is plan.prompt_example and tr.examples is plan.examples

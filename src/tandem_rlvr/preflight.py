@@ -116,6 +116,11 @@ class RunPlan:
             return 0
         return len(self.examples) - len(self.prompts) - self.context.skipped
 
+    def __repr__(self) -> str:  # the counts, not every example and tokenizer
+        n = lambda xs: "-" if xs is None else len(xs)  # noqa: E731
+        skipped = f", {self.too_long} over max_prompt_tokens, {self.context.skipped} past a context" if self.fitted else ""
+        return f"RunPlan({n(self.examples)} examples, {n(self.prompts)} prompts kept{skipped}, {n(self.val_examples)} validation)"
+
 
 def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = True) -> RunPlan:
     """``tandem-rlvr train``: trackers, output directory, models (configs and tokenizers), tokenizer agreement,
