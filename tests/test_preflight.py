@@ -2,12 +2,15 @@
 directory, ``train`` its validation data, reward and junior before the first forward pass or model load, and
 the demo its options and output directory before it builds the world."""
 
+from pathlib import Path
+
 import pytest
 
 from helpers.cli_runs import cli_lines as _cli
 from helpers.run_files import write_config
 from helpers.run_files import write_jsonl as _jsonl
 from tandem_rlvr import preflight
+from tandem_rlvr.cli import main
 
 
 @pytest.fixture
@@ -74,3 +77,57 @@ def test_demo_checks_its_inputs_before_building_the_world(tmp_path, monkeypatch)
     with pytest.raises(TandemError, match="not a writable directory"):
         run_demo(blocker / "d")
     assert preflight.check_writable(tmp_path / "new" / "dir", "x") is None and (tmp_path / "new" / "dir").is_dir()
+
+
+def test_train_reads_its_data_once_and_tokenizes_each_prompt_once(tmp_path, model_dirs, monkeypatch, caplog):
+    """Preflight reads and tokenizes the data; the builder uses its :class:`~tandem_rlvr.preflight.RunPlan`
+    instead of doing it again: one file read per split, one tokenization per training prompt, one log line."""
+    import logging
+    from collections import Counter
+
+    import tandem_rlvr.data as data
+
+    loads, rendered, encoded = [], Counter(), Counter()
+    load, render, encode = data.load_examples, data.render_prompt, data.encode_prompts
+    monkeypatch.setattr(data, "load_examples", lambda source, *a, **k: loads.append(Path(source).name) or load(source, *a, **k))
+    monkeypatch.setattr(data, "render_prompt", lambda tok, problem: rendered.update([problem]) or render(tok, problem))
+    monkeypatch.setattr(data, "encode_prompts", lambda tok, ex, **k: encoded.update(e.problem for e in ex) or encode(tok, ex, **k))
+    val = _jsonl(tmp_path / "val.jsonl", [{"problem": f"What is {i} times 2?", "answer": str(2 * i)} for i in range(3)])
+    cfg = write_config(tmp_path, model_dirs)
+    train = [f"What is {i} plus 1?" for i in range(12)]  # write_config's training data
+    caplog.set_level(logging.INFO, logger="tandem_rlvr")
+    assert main(["train", str(cfg), "train.steps=1", "train.save_every=0", f"val.data={val}", "val.every=1",
+                 "val.n=1", "val.max_new_tokens=4"]) == 0
+    assert sorted(loads) == ["train.jsonl", "val.jsonl"]
+    assert {p: rendered[p] for p in train} == dict.fromkeys(train, 1)
+    assert {p: encoded[p] for p in train} == dict.fromkeys(train, 1)
+    kept = [r.getMessage() for r in caplog.records if ": kept " in r.getMessage()]
+    assert kept == ["data: train.jsonl: kept 12 rows", "data: val.jsonl: kept 3 rows"], kept
+
+
+def test_the_run_plan_counts_what_it_skips_and_the_builder_takes_it_as_given(tmp_path, model_dirs, monkeypatch):
+    """``check_train`` returns the kept prompts with the skipped ones counted; ``build_run(cfg, plan=...)``
+    neither checks nor reads nor tokenizes again."""
+    import tandem_rlvr.data as data
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.models import load_tokenizer
+    from tandem_rlvr.training.trainer import make_trainer
+
+    rows = [{"problem": f"What is {i} plus 1?", "answer": str(i + 1)} for i in range(5)]
+    rows.insert(2, {"problem": "What is " + " plus ".join(["1"] * 40) + "?", "answer": "40"})
+    _jsonl(tmp_path / "d.jsonl", rows)
+    short = max(len(ids) for ids in data.encode_prompts(load_tokenizer(str(model_dirs[0])), [
+        data.Example("", r["problem"], r["answer"]) for r in rows if len(r["problem"]) < 30])[1])
+    cfg = load_config(write_config(tmp_path, model_dirs, data={"train": str(tmp_path / "d.jsonl")}),
+                      [f"rollout.max_prompt_tokens={short}"])
+    plan = preflight.check_train(cfg)
+    assert plan.fitted and len(plan.examples) == 6 and plan.prompt_example == [0, 1, 3, 4, 5]
+    assert plan.too_long == 1 and plan.context.skipped == 0 and plan.val_examples is None
+    assert all(len(ids) <= short for ids in plan.prompts)
+    for name in ("check_train", "check_train_context", "fit_pair_prompts"):
+        monkeypatch.setattr(preflight, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} again"))
+    monkeypatch.setattr(data, "load_examples", lambda *a, **k: pytest.fail("data read again"))
+    monkeypatch.setattr(data, "render_prompt", lambda *a, **k: pytest.fail("prompts tokenized again"))
+    tr = make_trainer(cfg, plan=plan)
+    tr.lock.release()
+    assert tr.prompts is plan.prompts and tr.prompt_example is plan.prompt_example and tr.examples is plan.examples

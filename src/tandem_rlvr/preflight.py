@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tandem_rlvr.context import ContextPlan
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.models import WORLD_MODELS, ModelLoadError, check_tokenizers, load_tokenizer
 
@@ -84,9 +86,47 @@ def eval_context(opts, role: str, path: str, tok, benches: dict) -> int:
                       "more than its config says (rope scaling), set --max-context")
 
 
-def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = True) -> None:
+@dataclass(frozen=True)
+class RunPlan:
+    """What the checks before a training run read and measured, for :func:`~tandem_rlvr.training.build.build_run`
+    to use instead of reading it again: the training ``examples`` (None: the caller supplies them), the
+    tokenizers, and, where preflight could fit them (models and data both checked here), the prompts the run
+    keeps: ``prompts[i]`` the ids of ``examples[prompt_example[i]]`` on the senior's tokenizer, ``context``
+    the context check's outcome (prompts skipped there, each model's limit, the engines' length).
+    ``val_examples``: the validation problems (None: no validation)."""
+
+    examples: list | None = None
+    tokenizer: object = None  # the senior's; None where not loaded here (a world alias, a pair the caller gives)
+    junior_tokenizer: object = None  # the junior's, where it is another model
+    prompt_example: list[int] | None = None
+    prompts: list[list[int]] | None = None
+    context: ContextPlan | None = None
+    val_examples: list | None = None
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the prompts are fitted (else the builder fits them with the loaded models)."""
+        return self.prompts is not None
+
+    @property
+    def too_long(self) -> int:
+        """Training prompts skipped for ``rollout.max_prompt_tokens``; ``context.skipped`` counts those past a
+        model's context."""
+        if not self.fitted or self.examples is None:
+            return 0
+        return len(self.examples) - len(self.prompts) - self.context.skipped
+
+    def __repr__(self) -> str:  # the counts, not every example and tokenizer
+        n = lambda xs: "-" if xs is None else len(xs)  # noqa: E731
+        skipped = f", {self.too_long} over max_prompt_tokens, {self.context.skipped} past a context" if self.fitted else ""
+        return f"RunPlan({n(self.examples)} examples, {n(self.prompts)} prompts kept{skipped}, {n(self.val_examples)} validation)"
+
+
+def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = True) -> RunPlan:
     """``tandem-rlvr train``: trackers, output directory, models (configs and tokenizers), tokenizer agreement,
-    the reward function, and the training and validation data (each part unless the caller supplies it)."""
+    the context of every model, the reward function, and the training and validation data (each part unless
+    the caller supplies it). Returns what it read as a :class:`RunPlan` (each file read once, each prompt
+    tokenized once per tokenizer)."""
     from tandem_rlvr.data import train_examples, val_examples
     from tandem_rlvr.rewards import import_reward
 
@@ -102,14 +142,16 @@ def check_train(cfg, *, models: bool = True, data: bool = True, reward: bool = T
             jtok = check_model(m.junior, "junior", m.trust_remote_code, m.junior_revision)
             if tok is not None and jtok is not None and not m.bridge:
                 check_tokenizers(tok, jtok, m.senior, m.junior)
+    plan = RunPlan(tokenizer=tok, junior_tokenizer=jtok)
     if models and data and tok is not None and (m.self_paired or jtok is not None):
-        check_train_context(cfg, tok, jtok)
+        plan = check_train_context(cfg, tok, jtok)
     if reward:
         import_reward(d.reward)
-    if data:
-        train_examples(cfg, limit=1)
-    if cfg.val.data and cfg.val.every:
-        val_examples(cfg, limit=1)
+    if data and plan.examples is None:
+        plan = replace(plan, examples=train_examples(cfg))
+    if cfg.val.data and cfg.val.every:  # the very list the run's validation reads (build_run hands it on)
+        plan = replace(plan, val_examples=val_examples(cfg, limit=cfg.val.limit or None))
+    return plan
 
 
 def train_contexts(cfg, tok, config, jtok=None, jconfig=None) -> list:
@@ -146,17 +188,24 @@ def fit_train_prompts(cfg, examples, tok, contexts: list, jtok=None):
     return [keep[i] for i in plan.keep], [ids[i] for i in plan.keep], plan
 
 
-def fit_pair_prompts(cfg, pair, examples):
-    """:func:`fit_train_prompts` for a loaded pair: the prompts a run trains on, within
+def _fitted(cfg, examples, tok, contexts: list, jtok, bridged) -> RunPlan:
+    """The :class:`RunPlan` of ``examples`` fitted (:func:`fit_train_prompts`) on these tokenizers and contexts."""
+    keep, ids, ctx = fit_train_prompts(cfg, examples, tok, contexts, jtok if bridged else None)
+    return RunPlan(examples=examples, tokenizer=tok, junior_tokenizer=jtok, prompt_example=keep, prompts=ids, context=ctx)
+
+
+def fit_pair_prompts(cfg, pair, examples) -> RunPlan:
+    """:func:`fit_train_prompts` for a loaded pair: the :class:`RunPlan` of the prompts a run trains on, within
     rollout.max_prompt_tokens and every model's context."""
     contexts = train_contexts(cfg, pair.tokenizer, pair.senior.config, pair.junior_tokenizer,
                               getattr(pair.junior, "config", None))
-    return fit_train_prompts(cfg, examples, pair.tokenizer, contexts, pair.junior_tokenizer)
+    return _fitted(cfg, examples, pair.tokenizer, contexts, pair.junior_tokenizer, pair.junior_tokenizer is not None)
 
 
-def check_train_context(cfg, tok, jtok) -> None:
+def check_train_context(cfg, tok, jtok, examples=None) -> RunPlan:
     """The context check of a training run before any weights load: configs, tokenizers and the whole
-    training data (see :mod:`tandem_rlvr.context`)."""
+    training data (``examples``; None: read here) (see :mod:`tandem_rlvr.context`). Returns the fitted
+    :class:`RunPlan`."""
     from transformers import AutoConfig
 
     from tandem_rlvr.data import train_examples
@@ -166,8 +215,8 @@ def check_train_context(cfg, tok, jtok) -> None:
     config = AutoConfig.from_pretrained(path(m.senior), trust_remote_code=m.trust_remote_code, revision=m.revision or None)
     jconfig = None if m.self_paired else AutoConfig.from_pretrained(path(m.junior), trust_remote_code=m.trust_remote_code,
                                                                     revision=m.junior_revision or None)
-    examples = train_examples(cfg)
-    fit_train_prompts(cfg, examples, tok, train_contexts(cfg, tok, config, jtok, jconfig), jtok if m.bridge else None)
+    examples = train_examples(cfg) if examples is None else examples
+    return _fitted(cfg, examples, tok, train_contexts(cfg, tok, config, jtok, jconfig), jtok, m.bridge)
 
 
 def check_demo(out_dir: str | Path, *, junior: str, seeds: int | None, workers: int | None) -> None:

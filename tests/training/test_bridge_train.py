@@ -63,3 +63,21 @@ def test_trlvr_trains_through_the_bridge(tmp_path, model_dirs, other_junior_dir)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert 0.0 < rows[-1]["rollout/senior_token_frac"] < 1.0
     assert "kl/senior_junior" not in rows[-1]  # no shared vocabulary: no per-token KL
+
+
+def test_a_bridged_run_tokenizes_each_prompt_once_per_tokenizer(tmp_path, model_dirs, other_junior_dir, monkeypatch):
+    """The context check measures every prompt on the senior's and the junior's tokenizer before any weights
+    load; the builder uses those ids (preflight's RunPlan) instead of tokenizing the prompts again."""
+    from collections import Counter
+
+    import tandem_rlvr.data as data
+    from helpers.run_files import write_data
+
+    rendered, render = Counter(), data.render_prompt
+    monkeypatch.setattr(data, "render_prompt", lambda tok, problem: rendered.update([(len(tok), problem)]) or render(tok, problem))
+    cfg = _cfg(tmp_path, model_dirs[0], other_junior_dir, f"data.train={write_data(tmp_path / 'train.jsonl', n=5)}")
+    tr = make_trainer(cfg)
+    tr.lock.release()
+    sizes = {len(tr.pair.tokenizer), len(tr.pair.junior_tokenizer)}
+    assert len(sizes) == 2 and len(tr.prompts) == 5
+    assert rendered == Counter({(n, f"What is {i} plus 1?"): 1 for n in sizes for i in range(5)})

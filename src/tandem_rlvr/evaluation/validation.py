@@ -17,15 +17,26 @@ _CACHE: dict = {}
 
 
 def val_examples(cfg) -> list:
-    """The validation problems of ``cfg.val`` (read once per process)."""
-    from tandem_rlvr.data import prompt_format
+    """The validation problems of ``cfg.val`` (read once per process, or handed on by :func:`use_val_examples`)."""
     from tandem_rlvr.data import val_examples as load_val
 
-    d, v = cfg.data, cfg.val
-    key = (v.data, v.split, v.subset, v.limit, d.problem_key, d.answer_key, d.prompt_key, repr(prompt_format(cfg)))
+    key = _val_key(cfg)
     if key not in _CACHE:
-        _CACHE[key] = load_val(cfg, limit=v.limit or None)  # data's columns and prompt format, as training
+        _CACHE[key] = load_val(cfg, limit=cfg.val.limit or None)  # data's columns and prompt format, as training
     return _CACHE[key]
+
+
+def use_val_examples(cfg, examples: list) -> None:
+    """Validation of ``cfg`` reads ``examples``, ``data.val_examples(cfg, limit=cfg.val.limit or None)`` loaded by
+    the checks before the run (:class:`tandem_rlvr.preflight.RunPlan`), instead of loading them again."""
+    _CACHE[_val_key(cfg)] = examples
+
+
+def _val_key(cfg) -> tuple:
+    from tandem_rlvr.data import prompt_format
+
+    d, v = cfg.data, cfg.val
+    return (v.data, v.split, v.subset, v.limit, d.problem_key, d.answer_key, d.prompt_key, repr(prompt_format(cfg)))
 
 
 def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = None, engine=None,

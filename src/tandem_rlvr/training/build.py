@@ -68,35 +68,40 @@ def run_schedule(cfg: Config, tokenizer, vocab_size: int) -> Schedule:
                          vocab_size=vocab_size)
 
 
-def build_run(cfg: Config, *, pair=None, reward_fn=None, examples=None, restart: bool = False,
-              text_metrics=None, vllm_engine=None) -> RunParts:
-    """Every part of the run ``cfg`` describes. ``pair``/``examples`` replace loading from the config;
+def build_run(cfg: Config, *, plan: preflight.RunPlan | None = None, pair=None, reward_fn=None, examples=None,
+              restart: bool = False, text_metrics=None, vllm_engine=None) -> RunParts:
+    """Every part of the run ``cfg`` describes. ``plan``: what :func:`~tandem_rlvr.preflight.check_train` returned
+    for ``cfg`` (None: the checks run here first); its data, tokenized prompts and context check are used, not
+    made again. ``pair``/``examples`` replace loading from the config (their prompts are fitted here);
     ``reward_fn(completion, gold)`` replaces the verifier (in-process); ``text_metrics(texts) -> dict``
     adds rollout metrics; ``vllm_engine`` replaces vLLM's engines (tests); ``restart`` empties the run
     directory instead of resuming from it. The main process holds the run directory's lock from here on
     (``RunParts.lock``)."""
-    preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
+    if plan is None:
+        plan = preflight.check_train(cfg, models=pair is None, data=examples is None, reward=reward_fn is None)
     acc = _accelerator(cfg)
     lock, resume_from = _prepare_run_dir(acc, cfg, restart)
     try:
-        return _build_parts(cfg, acc, lock, resume_from, pair, reward_fn, examples, text_metrics, vllm_engine)
+        return _build_parts(cfg, acc, lock, resume_from, plan, pair, reward_fn, examples, text_metrics, vllm_engine)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
 
 
-def _build_parts(cfg, acc, lock, resume_from, pair, reward_fn, examples, text_metrics, vllm_engine) -> RunParts:
+def _build_parts(cfg, acc, lock, resume_from, plan, pair, reward_fn, examples, text_metrics, vllm_engine) -> RunParts:
     from tandem_rlvr.models import eos_ids, load_pair
 
     if cfg.mini_batch_prompts() % acc.num_processes:
         raise TandemError(f"algo.mini_batch_prompts={cfg.mini_batch_prompts()} must be divisible by the "
                           f"number of processes ({acc.num_processes}) so each owns whole prompt groups")
     seed_everything(cfg.train.seed)
+    plan = _usable_plan(cfg, plan, pair, examples)
     pair = pair if pair is not None else load_pair(cfg.model)
-    examples = examples if examples is not None else _load_train(cfg)
+    plan = plan if plan.fitted else preflight.fit_pair_prompts(cfg, pair, plan.examples)
+    examples = plan.examples
     eos = eos_ids(pair.tokenizer, pair.senior)
-    prompt_example, prompts, context = preflight.fit_pair_prompts(cfg, pair, examples)
+    prompt_example, prompts, context = plan.prompt_example, plan.prompts, plan.context
     reward_fn = reward_fn if reward_fn is not None else import_reward(cfg.data.reward)
     schedule = run_schedule(cfg, pair.tokenizer, pair.senior.get_output_embeddings().weight.shape[0])
     senior, opt, lr_sched = _senior_and_optimizer(cfg, acc, pair)
@@ -110,6 +115,22 @@ def _build_parts(cfg, acc, lock, resume_from, pair, reward_fn, examples, text_me
                     schedule=schedule, engine=engine, eos=eos, examples=examples, prompts=prompts,
                     prompt_example=prompt_example, context=context, reward_fn=reward_fn, resume_from=resume_from, text_metrics=text_metrics,
                     lock=lock)
+
+
+def _usable_plan(cfg: Config, plan: preflight.RunPlan, pair=None, examples=None) -> preflight.RunPlan:
+    """The part of ``plan`` a run built with these ``pair``/``examples`` can use: all of it where they are None
+    (the plan then read and fitted what the config names), else its examples (``examples`` where given),
+    unfitted (the builder fits them on the given pair). The validation problems the plan read are the ones the
+    run validates on (:func:`~tandem_rlvr.evaluation.validation.use_val_examples`)."""
+    from tandem_rlvr.data import train_examples
+    from tandem_rlvr.evaluation.validation import use_val_examples
+
+    if plan.val_examples is not None:
+        use_val_examples(cfg, plan.val_examples)
+    if pair is None and (examples is None or examples is plan.examples) and plan.fitted:
+        return plan
+    examples = examples if examples is not None else plan.examples if plan.examples is not None else train_examples(cfg)
+    return preflight.RunPlan(examples=examples, val_examples=plan.val_examples)
 
 
 def _accelerator(cfg: Config):
@@ -191,9 +212,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _load_train(cfg: Config):
-    from tandem_rlvr.data import train_examples
-
-    return train_examples(cfg)

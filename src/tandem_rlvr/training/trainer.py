@@ -450,7 +450,7 @@ def best_step(rows, metric: str) -> tuple[int | None, float | None]:
 
 def make_trainer(cfg: Config, **kw) -> Trainer:
     """A :class:`Trainer` over :func:`~tandem_rlvr.training.build.build_run` ``(cfg, **kw)`` (its keyword
-    arguments: ``pair``, ``examples``, ``reward_fn``, ``restart``, ``text_metrics``, ``vllm_engine``)."""
+    arguments: ``plan``, ``pair``, ``examples``, ``reward_fn``, ``restart``, ``text_metrics``, ``vllm_engine``)."""
     return Trainer(cfg, build_run(cfg, **kw))
 
 
