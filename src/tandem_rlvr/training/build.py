@@ -22,6 +22,7 @@ from tandem_rlvr import preflight
 from tandem_rlvr.config import Config
 from tandem_rlvr.context import engine_len
 from tandem_rlvr.engines.handoff import Schedule, make_schedule
+from tandem_rlvr.engines.schedules import config_params
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.rewards import import_reward
 from tandem_rlvr.training import checkpoint as ckpt_mod
@@ -63,8 +64,7 @@ class RunParts:
 
 def run_schedule(cfg: Config, tokenizer, vocab_size: int) -> Schedule:
     """The handoff schedule of ``cfg``'s arm (trlvr: ``handoff.*``; grpo and kl_reg: ``none``)."""
-    h = cfg.handoff
-    return make_schedule(arm_plan(cfg).schedule, tokenizer, p=h.p, max_gap=h.max_gap, chunk_size=h.chunk_size,
+    return make_schedule(arm_plan(cfg).schedule, tokenizer, p=cfg.handoff.p, **config_params(cfg.handoff),
                          vocab_size=vocab_size)
 
 
