@@ -12,7 +12,10 @@ from a fresh copy of the warm start and runs the same steps; the sides alternate
   per distinct prompt, finished rows dropped) and the no-grad teacher-forced scoring reads each
   distinct prompt once (still transformers' model; the update's forward is unchanged), and the PPO
   ratio's old log-probs are the ones the rollout recorded (``algo.old_logps=auto``; the old loop:
-  ``recompute``, one teacher-forced pass of the senior per step).
+  ``recompute``, one teacher-forced pass of the senior per step); teacher-forced forwards stop at their
+  rows' longest response (``TRIM``) and the update runs in length-sorted chunks of 8 (the demo's
+  ``algo.micro_batch``; the old loop: one chunk of 32); tokens are drawn by inverse CDF
+  (``engines.types.draw``; the old loop: ``torch.multinomial``).
 
 Phases, in CPU seconds of this process (wall time on a shared machine also counts other jobs' turns):
 ``rollout`` (``Trainer.rollout``), ``reward`` (``Trainer.rewards``; the answers are checked in the
@@ -38,7 +41,12 @@ from pathlib import Path
 import common as C
 import torch
 
-FLAGS = ("LEAN", "SHARED_PROMPTS")  # engines.fastpath switches: all off = the old loop, all on = the new one
+FLAGS = ("LEAN", "SHARED_PROMPTS", "TRIM")  # engines.fastpath switches: all off = the old loop, all on = the new one
+
+
+def _multinomial(probs_BV, gen):
+    """The old loop's sampler (before engines.types.draw)."""
+    return torch.multinomial(probs_BV, 1, generator=gen).squeeze(-1)
 PHASES = ("rollout", "reward", "scoring", "update", "total")
 
 
@@ -92,12 +100,18 @@ def _side(world, arm: str, plan, steps: int, lean: bool) -> tuple[dict, list]:
     prev = {f: getattr(fastpath, f) for f in FLAGS}
     for f in FLAGS:
         setattr(fastpath, f, lean)
-    prev_logps = trainer_mod.sequence_logps
+    from tandem_rlvr.engines import types as types_mod
+
+    prev_logps, prev_draw = trainer_mod.sequence_logps, types_mod.draw
+    if not lean:
+        types_mod.draw = _multinomial
     trainer_mod.sequence_logps = timed(prev_logps, "scoring")
     try:
         with tempfile.TemporaryDirectory() as d:
             tr = _trainer(world, arm, plan, Path(d) / "run")
             tr.cfg.algo.old_logps = "auto" if lean else "recompute"
+            if not lean:  # the old demo config: one update chunk per mini-batch
+                tr.cfg.algo.micro_batch = 0
             for name, phase in (("rollout", "rollout"), ("rewards", "reward"), ("update", "update"),
                                 ("train_step", "total")):
                 setattr(tr, name, timed(getattr(tr, name), phase))
@@ -113,7 +127,7 @@ def _side(world, arm: str, plan, steps: int, lean: bool) -> tuple[dict, list]:
     finally:
         for f, v in prev.items():
             setattr(fastpath, f, v)
-        trainer_mod.sequence_logps = prev_logps
+        trainer_mod.sequence_logps, types_mod.draw = prev_logps, prev_draw
     out["update"] -= out["scoring"]
     return out, seen
 

@@ -46,7 +46,7 @@ def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: flo
     own longest prompt): the columns past it are padding in every row, so their log-probs are 0 without
     a forward (a batch's longest response is often longer than a chunk's)."""
     full_T = rollout.response_ids_BT.shape[1]
-    T = max(int(rollout.response_mask_BT[rows].sum(-1).max()), 1)
+    T = max(int(rollout.response_mask_BT[rows].sum(-1).max()), 1) if fastpath.TRIM else full_T
     r_ids = rollout.response_ids_BT[rows, :T]
     inner = getattr(model, "module", model)  # DDP wraps the module; the attention switch lives on its config
     with gqa_attention(inner):
@@ -55,7 +55,7 @@ def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: flo
             ids, mask, pos = (x[:, :rollout.prompt_ids_BP.shape[1] + T] for x in teacher_inputs(rollout, rows))
             logits = _shared_prompt_logits(model, ids, mask, pos, T, *shared)
         else:
-            ids, mask, pos = teacher_inputs(rollout, rows, trim=True)
+            ids, mask, pos = teacher_inputs(rollout, rows, trim=fastpath.TRIM)
             logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                            logits_to_keep=T + 1).logits
     logps = token_logps(logits[:, :-1], r_ids, temperature=temperature)
