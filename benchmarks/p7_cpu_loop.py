@@ -41,7 +41,7 @@ from pathlib import Path
 import common as C
 import torch
 
-FLAGS = ("LEAN", "SHARED_PROMPTS", "TRIM")  # engines.fastpath switches: all off = the old loop, all on = the new one
+FLAGS = ("LEAN", "PAIR", "SHARED_PROMPTS", "TRIM")  # engines.fastpath switches: all off = the old loop, all on = the new one
 
 
 def _multinomial(probs_BV, gen):

@@ -232,3 +232,58 @@ def test_shared_prompts_stay_off_under_autograd_and_never_depend_on_the_data(tok
         with torch.set_grad_enabled(grad):
             sequence_logps(model, ro, 1.0)
         assert len(forwards) == n, (rows, grad)
+
+
+def _paired_and_not(senior, junior, ids, mask, monkeypatch, *, schedule, temperature=0.0, seed=3, T=40, eos=()):
+    from tandem_rlvr.engines import lean_pair
+
+    out, calls = {}, []
+    real = lean_pair.LeanPair.forward
+    monkeypatch.setattr(lean_pair.LeanPair, "forward", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    for pair in (False, True):
+        monkeypatch.setattr(fastpath, "PAIR", pair)
+        out[pair] = generate(senior, junior, ids, mask, schedule, Sampling(max_new_tokens=T, temperature=temperature),
+                             eos_token_ids=list(eos), pad_token_id=0, seed=seed, mode="lockstep")
+    return out[False], out[True], len(calls)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_paired_lockstep_decode_equals_the_two_models_one_after_the_other(kv_heads, monkeypatch):
+    """fastpath.PAIR: the senior and a narrower-MLP junior (zero-padded to the senior's width) decoded as one
+    batched model give the same tokens, owners and turns as the two lean decoders run one after the other,
+    and the same log-probs up to float order; grouped (2 KV heads) and plain (4) attention; rows that
+    finish early are dropped from the pair."""
+    senior = _qwen3(num_key_value_heads=kv_heads)
+    junior = _qwen3(num_key_value_heads=kv_heads, intermediate_size=56, rope_theta=1e4)
+    with torch.no_grad():
+        junior.model.norm.weight.mul_(1.5)
+    ids, mask = _left_padded(6, 9, 97, seed=1)
+    sched = make_schedule("chunk", p=0.5, chunk_size=3)
+    for temperature, eos in ((0.0, ()), (1.0, (5, 7, 11))):
+        old, new, n = _paired_and_not(senior, junior, ids, mask, monkeypatch, schedule=sched, temperature=temperature,
+                                      eos=eos)
+        assert n >= 20, "the pair must do the decoding"
+        for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "turn_author_BT", "rounds_B", "finished_B"):
+            assert torch.equal(getattr(new, name), getattr(old, name)), (temperature, name)
+        assert 0 < int(old.owner_BT.sum()) < int(old.response_mask_BT.sum())
+        _close(new.senior_logps_BT, old.senior_logps_BT)
+        _close(new.junior_logps_BT, old.junior_logps_BT)
+    lengths = old.response_mask_BT.sum(-1)
+    assert lengths.min() < lengths.max(), "rows must finish at different steps (the pair drops them)"
+
+
+def test_models_that_do_not_fit_a_pair_decode_one_after_the_other(monkeypatch):
+    """A junior of another width (or head count) cannot share the senior's batched matmuls: no pair, the same
+    rollout as without the switch."""
+    from tandem_rlvr.engines import lean_pair
+
+    senior, junior = _qwen3(), _qwen3(hidden_size=32, head_dim=8)
+    ids, mask = _left_padded(4, 7, 97, seed=2)
+    old, new, n = _paired_and_not(senior, junior, ids, mask, monkeypatch, schedule=make_schedule("chunk", p=0.5, chunk_size=2))
+    assert n == 0
+    assert torch.equal(new.response_ids_BT, old.response_ids_BT) and torch.equal(new.owner_BT, old.owner_BT)
+    pads = torch.ones(2, 16, dtype=torch.bool)
+    a, b, b2 = LeanQwen3(senior, 2, 16), LeanQwen3(junior, 2, 16), LeanQwen3(_qwen3(intermediate_size=56), 2, 16)
+    for lean in (a, b, b2):
+        lean.set_padding(pads)
+    assert not lean_pair.fits(a, b) and lean_pair.fits(a, b2)  # width differs; only the MLP differs

@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicLayer
 FAST_PATH = True  # preallocated KV caches, 4-D mask slices, GQA-in-SDPA
 LEAN = True  # decode plain Qwen3s with engines.lean_qwen3 (no transformers dispatch per layer); False: transformers
 SHARED_PROMPTS = True  # no-grad teacher-forced scoring reads each distinct prompt once (engines.scoring)
+PAIR = True  # lockstep: both lean decoders as one batched model per token (engines.lean_pair)
 TRIM = True  # teacher-forced forwards stop at their rows' longest response (engines.scoring); False: the batch's width
 FAST_PATH_DEVICES = ("cpu",)  # measured and tested on CPU only so far; add "cuda" once checked there
 

@@ -38,7 +38,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from tandem_rlvr.engines import fastpath, lean_qwen3
+from tandem_rlvr.engines import fastpath, lean_pair, lean_qwen3
+from tandem_rlvr.engines.lean_pair import LeanPair
 from tandem_rlvr.engines.lean_qwen3 import LeanQwen3
 from tandem_rlvr.engines.fastpath import adapter_off_call, buffer_cache, gqa_attention
 from tandem_rlvr.engines.handoff import Schedule, over_rounds
@@ -142,6 +143,15 @@ class _Decoder:
             self.logps_BT[:, t] = logp_of(self.logits_BV, tok_B, self.temperature)
 
 
+def _pair(decs: list[_Decoder]) -> LeanPair | None:
+    """Both decoders as one :class:`LeanPair` where both decode with the lean model and :func:`lean_pair.fits`
+    (``fastpath.PAIR``); else None (they run one after the other)."""
+    if not fastpath.PAIR or len(decs) != 2 or any(d.lean is None for d in decs):
+        return None
+    a, b = decs[0].lean, decs[1].lean
+    return LeanPair(a, b) if lean_pair.fits(a, b) else None
+
+
 def _check_vocab(senior, junior, table_size: int | None) -> None:
     vs = senior.get_output_embeddings().weight.shape[0]
     if junior is not None:
@@ -216,9 +226,27 @@ class _CoWrite:
         self.hit_eos = torch.zeros(B, dtype=torch.bool, device=device)
         self.pad_tok = torch.full((B,), pad_token_id, dtype=torch.long, device=device)
         self.rounds = self.state.rounds_B.clone()
+        self.pair = _pair(decs) if lockstep else None  # both lean decoders as one (engines.lean_pair)
+
+    def _pair_sync(self, upto: int, known: int) -> None:
+        """:meth:`_Decoder.sync` of both decoders by one :class:`~tandem_rlvr.engines.lean_pair.LeanPair` forward."""
+        s, j = self.s_dec, self.j_dec
+        chunk = max(1, LOGITS_BUDGET // max(1, self.ids.shape[0] * s.logits_BV.shape[-1]))
+        while s.seen < upto:
+            a = s.seen
+            b = min(upto, a + chunk)
+            out = self.pair.forward(self.ids[:, a:b], s.plen_B1 + s.steps[a:b], s._mask(a, b), b - a)
+            k = min(b - a, known - 1 - a)  # logits[:, i] predicts column a + 1 + i
+            for d, logits in zip((s, j), out):
+                if k > 0:
+                    d.logps_BT[:, a + 1:a + 1 + k] = logp_of(logits[:, :k], self.ids[:, a + 1:a + 1 + k], d.temperature)
+                d.logits_BV, d.seen = logits[:, -1, :], b
 
     def _logits(self, t: int, author: torch.Tensor) -> torch.Tensor:
         """Bring the models that must run at step ``t`` up to date; the authors' next-token logits."""
+        if self.pair is not None:
+            self._pair_sync(t, t)
+            return torch.where(author[:, None], self.s_dec.logits_BV, self.j_dec.logits_BV)
         if self.lockstep or self.j_dec is None:
             need_s, need_j = True, self.j_dec is not None
         else:  # catch-up: a model runs only where it writes for some live row
@@ -245,8 +273,12 @@ class _CoWrite:
         self.rounds = torch.where(self.done.cpu(), self.rounds, self.state.rounds_B)
         self.hit_eos = self.hit_eos | (torch.isin(tok, self.eos) & live)
         self.done = self.done | self.hit_eos | over_rounds(self.state.rounds_B, self.max_rounds).to(self.device)
-        for d in self.decs:
-            d.live(t, ~self.done)
+        if self.pair is not None:
+            if self.s_dec.seen >= t:
+                self.pair.drop_rows(~self.done)
+        else:
+            for d in self.decs:
+                d.live(t, ~self.done)
         return bool(self.done.all())
 
     def run(self) -> None:
@@ -254,6 +286,8 @@ class _CoWrite:
         for t in range(self.ids.shape[1]):
             if self.step(t):
                 break
+        if self.pair is not None:
+            self._pair_sync(t, t + 1)
         for d in self.decs:  # models that sat out the last steps read (and score) the tokens they missed
             d.sync(self.ids, t, t + 1)
 
