@@ -113,3 +113,33 @@ BATCHES = {("arith", "senior"): "56baf6da49d7a408", ("arith", "junior"): "e5555d
 def test_the_warm_starts_train_on_the_batches_they_trained_on_before(world, role):
     spec = get_world(world).recipe_module().model_specs()[role]
     assert _batches_digest(world, spec) == BATCHES[(world, role)]
+
+
+@pytest.mark.parametrize("name", list(WORLDS))
+def test_a_build_follows_its_worlds_recipe(name, tmp_path, monkeypatch):
+    """``build_world(world=name)`` takes the tokenizer corpus, the model specs, the gate and the cache key from
+    the world's recipe module (training and measuring faked)."""
+    from tandem_rlvr.world import build, train_workers
+
+    world, trained = get_world(name), []
+    recipe = world.recipe_module()
+
+    def train_models(specs, tok_dir, out, progress, world):
+        trained.append((world, {k: v.to_dict() for k, v in specs.items()}))
+        for spec_name in specs:
+            (out / spec_name).mkdir(parents=True, exist_ok=True)
+            (out / spec_name / "model.safetensors").write_bytes(spec_name.encode())
+        return {spec_name: {"parameters": 1} for spec_name in specs}
+
+    monkeypatch.setattr(train_workers, "train_models", train_models)
+    monkeypatch.setattr(recipe, "measure_models", lambda paths, count: {"count": count})
+    monkeypatch.setattr(recipe, "property_failures", lambda measured: [])
+    monkeypatch.setattr(recipe, "property_values", lambda measured: {"count": measured["count"]})
+    corpus = recipe.tokenizer_corpus()
+    monkeypatch.setattr(recipe, "tokenizer_corpus", lambda seed: corpus[:300])  # a smaller tokenizer: faster
+    paths = build.build_world(tmp_path, progress=False, prebuilt=False, world=name)
+    specs = recipe.model_specs()
+    assert trained == [(name, {k: specs[k].to_dict() for k in ("junior", "senior")})]
+    assert paths.root.name == build.world_key(world=name) and paths.root.name.startswith(f"{world.key_prefix}-v")
+    assert paths.manifest["recipe"] == json.loads(json.dumps(recipe.recipe(1234)))
+    assert paths.manifest["tries"][0]["properties"] == {"count": recipe.PROPERTY_COUNT}
