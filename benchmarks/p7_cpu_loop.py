@@ -58,7 +58,7 @@ def _world():
     paths = build_world(progress=False)
     warm = load_causal_lm(str(paths.senior_dir))
     junior = freeze(load_causal_lm(str(paths.junior_dir)))
-    return paths, warm, junior, load_tokenizer(str(paths.senior_dir)), load_examples("world/train")
+    return paths, warm, junior, load_tokenizer(str(paths.senior_dir)), load_examples("arith/train")
 
 
 def _trainer(world, arm: str, plan, out: Path):

@@ -358,20 +358,23 @@ def test_benchmark_rows_with_bad_answers_are_counted(monkeypatch, caplog):
 def test_world_source_is_a_registered_source(monkeypatch):
     from tandem_rlvr.world.problems import load_split
 
-    assert D.BUILTIN_SOURCES["world"] == "tandem_rlvr.world.problems:load_split"
-    assert D._source("world") is load_split, "the built-in world needs no registration"
+    assert "arith" in D.builtin_sources() and "shorthand" in D.builtin_sources()
+    assert D._source("arith") is load_split, "the built-in world needs no registration"
     fake = lambda name: [Example(f"{name}-{i}", f"{i}+{i}?", str(2 * i)) for i in range(5)]  # noqa: E731
-    monkeypatch.setitem(D._SOURCES, "world", fake)
-    assert load_examples("world/train", limit=2) == [Example("train-0", "0+0?", "0"), Example("train-1", "1+1?", "2")]
-    assert len(load_examples("world", "test")) == 5
+    monkeypatch.setitem(D._SOURCES, "arith", fake)
+    assert load_examples("arith/train", limit=2) == [Example("train-0", "0+0?", "0"), Example("train-1", "1+1?", "2")]
+    assert len(load_examples("arith", "test")) == 5
 
 
 def test_world_source_without_the_world(monkeypatch):
-    monkeypatch.delitem(D.BUILTIN_SOURCES, "world")  # neither built in nor registered: a clear error, never another source
-    with pytest.raises(DataError, match="world/train: no data source 'world' is registered"):
-        load_examples("world/train")
+    import tandem_rlvr.world.registry as R
+
+    monkeypatch.setattr(R, "WORLDS", {})  # neither built in nor registered: a clear error, never another source
+    monkeypatch.setitem(D._SOURCES, "other", lambda split: [])
+    with pytest.raises(DataError, match="arith/train: no data source 'arith' is registered .registered: other."):
+        D._load_registered("arith", "train", None)
     with pytest.raises(DataError, match="needs a split name"):
-        load_examples("world/")
+        load_examples("other/")
 
 
 def test_module_constants():
@@ -380,8 +383,8 @@ def test_module_constants():
 
 
 def test_the_builtin_worlds_load_without_importing_the_world_first(tmp_path):
-    """``import tandem_rlvr`` imports no subpackage; ``world/<split>`` and ``shorthand/<split>`` are found
-    by name (:data:`tandem_rlvr.data.BUILTIN_SOURCES`) in a process that imported only the data module."""
+    """``import tandem_rlvr`` imports no subpackage; ``arith/<split>`` and ``shorthand/<split>`` are found
+    by name (:func:`tandem_rlvr.data.builtin_sources`) in a process that imported only the data module."""
     import os
     import subprocess
     import sys
@@ -393,7 +396,7 @@ def test_the_builtin_worlds_load_without_importing_the_world_first(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     code = ("import sys; import tandem_rlvr, tandem_rlvr.data as D\n"
             "assert not [m for m in sys.modules if m.startswith('tandem_rlvr.world')], 'the root imported the world'\n"
-            "w, s = D.load_examples('world/test', limit=2), D.load_examples('shorthand/test', limit=2)\n"
+            "w, s = D.load_examples('arith/test', limit=2), D.load_examples('shorthand/test', limit=2)\n"
             "print(w[0].id, s[0].id)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env=env)

@@ -115,9 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quick", action="store_true", help="1 seed, fewer steps, smaller eval (under 2 minutes; direction only)")
     d.add_argument("--junior", choices=("weak", "self"), default="weak",
                    help="weak: the world's weaker junior (default); self: a frozen copy of the senior's warm start")
-    d.add_argument("--world", choices=("arith", "shorthand"), default="arith",
-                   help="arith: the arithmetic world (default); shorthand: long chains under a token budget and a terse "
-                        "style the warm start rarely writes (for --junior self)")
+    from tandem_rlvr.world.registry import DEFAULT_WORLD, WORLDS
+
+    d.add_argument("--world", choices=tuple(WORLDS), default=DEFAULT_WORLD,
+                   help="; ".join(f"{w.name}: {w.description}" for w in WORLDS.values()))
     d.add_argument("--seeds", type=int, default=None, help="seeds per run (default 5; 1 with --quick)")
     d.add_argument("--out", default="demo_out", help="output directory")
     d.add_argument("--rebuild-world", action="store_true", help="rebuild the cached world models")

@@ -134,7 +134,7 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    train: str = _f("deepscaler", "Training data: a benchmark name (docs/rewards-and-data.md), world/train, a local JSONL/JSON/CSV/parquet file, a Hugging Face dataset id org/name (datasets.load_dataset; offline: from the local datasets cache) or a dataset directory (Dataset.save_to_disk, or a folder of data files). A relative path is read from the current directory.")
+    train: str = _f("deepscaler", "Training data: a benchmark name (docs/rewards-and-data.md), arith/train, a local JSONL/JSON/CSV/parquet file, a Hugging Face dataset id org/name (datasets.load_dataset; offline: from the local datasets cache) or a dataset directory (Dataset.save_to_disk, or a folder of data files). A relative path is read from the current directory.")
     train_split: str | None = _f(None, "Split of a named benchmark or a Hugging Face dataset (default: the benchmark's training split; a dataset's train split, or its only one).")
     subset: str = _f("", "Config (subset) name of a Hugging Face dataset id in data.train (load_dataset's second argument); empty = the dataset's default.")
     problem_key: str = _f("problem", "Problem column of a local file or Hugging Face dataset.")

@@ -13,7 +13,6 @@ arguments (:class:`~tandem_rlvr.prompts.PromptFormat`) make each problem a
 from __future__ import annotations
 
 import csv
-import importlib
 import io
 import json
 import logging
@@ -325,26 +324,30 @@ def _load_benchmark(
 
 
 _SOURCES: dict[str, Callable[[str], Sequence[Example]]] = {}
-# The built-in worlds' splits, ``"module:function"`` of a ``load_split(split)``, imported on first use
-# (those modules import this one, so it names them rather than importing them).
-BUILTIN_SOURCES = {"world": "tandem_rlvr.world.problems:load_split",
-                   "shorthand": "tandem_rlvr.world.shorthand:load_split"}
 
 
 def register_source(name: str, load_split: Callable[[str], Sequence[Example]]) -> None:
-    """Make ``load_examples("<name>/<split>")`` return ``load_split(split)`` (also over a built-in name of
-    :data:`BUILTIN_SOURCES`; those need no registration)."""
+    """Make ``load_examples("<name>/<split>")`` return ``load_split(split)`` (also over a built-in world's
+    source name, :func:`builtin_sources`; those need no registration)."""
     _SOURCES[name] = load_split
 
 
+def builtin_sources() -> list[str]:
+    """The built-in worlds' data source names (``arith``, ``shorthand``; ``world``, the arith world's old name),
+    read from :mod:`tandem_rlvr.world.registry`, which imports nothing of the worlds (they import this module)."""
+    from tandem_rlvr.world.registry import source_names
+
+    return source_names()
+
+
 def _source(name: str) -> Callable[[str], Sequence[Example]] | None:
-    """The registered source ``name``, else the built-in one (imported now), else None."""
+    """The registered source ``name``, else the built-in world's whose source it is (imported now), else None."""
     if name in _SOURCES:
         return _SOURCES[name]
-    if name not in BUILTIN_SOURCES:
-        return None
-    module, _, attr = BUILTIN_SOURCES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    from tandem_rlvr.world.registry import find_source
+
+    world = find_source(name)
+    return None if world is None else world.split_loader()
 
 
 def _load_registered(name: str, split_name: str, limit: int | None) -> list[Example]:
@@ -352,7 +355,7 @@ def _load_registered(name: str, split_name: str, limit: int | None) -> list[Exam
         raise DataError(f"data: '{name}/<split>' needs a split name, e.g. '{name}/train'")
     load_split = _source(name)
     if load_split is None:
-        known = sorted({*_SOURCES, *BUILTIN_SOURCES})
+        known = sorted({*_SOURCES, *builtin_sources()})
         raise DataError(f"data: {name}/{split_name}: no data source {name!r} is registered "
                         f"(registered: {', '.join(known) or 'none'})")
     examples = list(load_split(split_name))
@@ -382,8 +385,8 @@ def load_examples(
     ``.json`` (a list of objects, or an object with the list under ``split`` or "data"),
     ``.parquet`` or ``.csv`` file; a Hugging Face dataset id ``org/name`` (``subset`` its config name) or
     dataset directory (:mod:`tandem_rlvr.data_sources`; ``split`` None: ``default_split`` or its only
-    split); or ``"world/<split>"`` / ``"shorthand/<split>"`` (a built-in world's
-    splits, :data:`BUILTIN_SOURCES`) or another :func:`register_source` name. ``problem_key`` / ``answer_key`` / ``id_key`` name the
+    split); or ``"arith/<split>"`` / ``"shorthand/<split>"`` (a built-in world's splits, :func:`builtin_sources`;
+    ``world/<split>`` is the arith world's old name, loaded with a warning) or another :func:`register_source` name. ``problem_key`` / ``answer_key`` / ``id_key`` name the
     columns of a file or dataset (a missing id column gives the row index; benchmarks use their own columns);
     ``prompt_key`` a column of chat messages that replaces the problem column (its last user turn is the problem).
     ``prompt_format`` (template, system prompt, chat-template arguments) applies to every source.
@@ -394,10 +397,10 @@ def load_examples(
     if answer_format not in ANSWER_FORMATS:
         raise DataError(f"data: answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
     if not isinstance(source, str) or not source:
-        raise DataError(f"data: source must be a benchmark name, a file path or world/<split>, got {source!r}")
+        raise DataError(f"data: source must be a benchmark name, a file path or arith/<split>, got {source!r}")
     fmt = prompt_format or PromptFormat()
     head, _, rest = source.partition("/")
-    if head in _SOURCES or head in BUILTIN_SOURCES or head == "world" or source in BENCHMARKS:
+    if head in _SOURCES or head in builtin_sources() or source in BENCHMARKS:
         _refuse_columns(key, source, subset, prompt_key)
         examples = (_load_registered(head, rest if "/" in source else (split or ""), limit) if source not in BENCHMARKS
                     else _load_benchmark(BENCHMARKS[source], split, max_problem_chars, limit))
@@ -413,7 +416,7 @@ def load_examples(
         return _load_file(path, split, cols, limit)
     raise DataError(
         f"data: unknown benchmark {source!r}; valid: {', '.join(BENCHMARKS)}; or pass a Hugging Face dataset id "
-        f"org/name, a dataset directory, a path to a {'/'.join(FILE_SUFFIXES)} file, or world/<split>"
+        f"org/name, a dataset directory, a path to a {'/'.join(FILE_SUFFIXES)} file, or arith/<split>"
     )
 
 

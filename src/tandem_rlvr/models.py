@@ -16,20 +16,25 @@ from pathlib import Path
 import torch
 
 from tandem_rlvr.errors import ModelLoadError  # noqa: F401 (raised here; also importable from here)
+from tandem_rlvr.world.registry import WORLDS, find_model_alias
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-WORLD_MODELS = ("world:senior", "world:junior")
+# The built-in worlds' model aliases (world:senior, world:junior, arith:*, shorthand:*), from their records.
+WORLD_MODELS = tuple(a for w in WORLDS.values() for a in w.model_aliases)
 
 
 def resolve_name(name: str) -> str:
-    """Map the built-in world's aliases ``world:senior`` / ``world:junior`` to their cached directories."""
-    if name not in WORLD_MODELS:
+    """Map a built-in world's model alias (``world:senior`` / ``world:junior`` for the arith world,
+    ``shorthand:senior`` ...: :data:`WORLD_MODELS`) to its cached directory, building the world if needed."""
+    found = find_model_alias(name)
+    if found is None:
         return name
     from tandem_rlvr.world.build import build_world
 
-    paths = build_world()
-    return str(paths.senior_dir if name == "world:senior" else paths.junior_dir)
+    world, role = found
+    paths = build_world(world=world.name)
+    return str(paths.senior_dir if role == "senior" else paths.junior_dir)
 
 
 def check_exists(name: str, role: str) -> None:

@@ -35,7 +35,7 @@ def test_the_shorthand_plan_trains_on_its_own_data_under_its_budget(tmp_path):
     cfg = train_config("trlvr", 0, tmp_path / "r", SHORTHAND_FULL, "s", None, progress=False, world="shorthand")
     assert cfg.data.train == "shorthand/train" and cfg.val.data == "shorthand/val"
     assert cfg.rollout.max_new_tokens == BUDGET
-    assert train_config("trlvr", 0, tmp_path / "r", FULL, "s", None, progress=False).data.train == "world/train"
+    assert train_config("trlvr", 0, tmp_path / "r", FULL, "s", None, progress=False).data.train == "arith/train"
     prob = generate_problem(random.Random(3), 5)
     assert style_rate("shorthand")([shorthand_solution(prob), plain_solution(prob)]) == 0.5
 

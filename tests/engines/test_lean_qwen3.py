@@ -143,7 +143,7 @@ def world_batch(world):
 
     paths = world[0]
     tok = load_tokenizer(str(paths.senior_dir))
-    examples = load_examples("world/train")[:4]
+    examples = load_examples("arith/train")[:4]
     _, enc = encode_prompts(tok, examples)
     rows = [e for e in enc for _ in range(3)]  # a GRPO batch: every prompt group_size times
     prompts = PromptBatch.left_padded(rows, tok.pad_token_id)

@@ -108,10 +108,10 @@ def test_cli_eval_writes_the_csv_beside_eval_json(tmp_path):
     assert root is not None
     out = tmp_path / "out"
     assert main(["eval", "--senior", f"base={root / 'senior'}", "--junior", str(root / "junior"), "--benchmark",
-                 "world/test", "--limit", "1", "--n", "1", "--max-new-tokens", "16", "--no-curve", "--reward-workers",
+                 "arith/test", "--limit", "1", "--n", "1", "--max-new-tokens", "16", "--no-curve", "--reward-workers",
                  "1", "--no-progress", "--out", str(out)]) == 0
     rows = _read(out / "eval.csv")
     want = csv_rows(json.loads((out / "eval.json").read_text()))
     assert len(rows) == len(want) > 10
     assert [[r[c] for c in CSV_COLUMNS] for r in rows] == [[str(x) for x in w] for w in want]
-    assert _row(rows, senior="base", benchmark="world/test", mode="all", metric="n_problems")["value"] == "1"
+    assert _row(rows, senior="base", benchmark="arith/test", mode="all", metric="n_problems")["value"] == "1"

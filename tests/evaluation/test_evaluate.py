@@ -426,7 +426,7 @@ def _world_bench(path: Path, start: int, k: int) -> tuple[Path, dict]:
     """World test problems ``start .. start + k`` as a local benchmark file; returns it and {uid: gold}."""
     from tandem_rlvr.data import load_examples
 
-    ex = load_examples("world/test")[start:start + k]
+    ex = load_examples("arith/test")[start:start + k]
     path.write_text("".join(json.dumps({"problem": e.problem, "answer": e.answer, "uid": e.id}) + "\n" for e in ex))
     return path, {e.id: e.answer for e in ex}
 

@@ -17,6 +17,7 @@ import torch
 
 from tandem_rlvr.world import problems as P
 from tandem_rlvr.world.properties import PROPERTIES, PROPERTY_COUNT
+from tandem_rlvr.world.rules import MAX_TRIES, TRY_SEED_STEP
 
 # ----------------------------------------------------------------------------- generator / splits
 
@@ -177,7 +178,7 @@ def test_a_damaged_or_interrupted_build_is_not_trusted(world, tmp_path, monkeypa
     (copy / "manifest.json").unlink()
     assert not build.is_complete(copy)
 
-    def killed(tmp, progress, seed):
+    def killed(tmp, progress, seed, world):
         (tmp / "senior").mkdir()
         (tmp / "senior" / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
@@ -209,12 +210,13 @@ def test_the_shipped_world_is_intact_and_of_this_recipe(world):
 
 def test_a_rebuild_on_one_machine_is_reproducible(tmp_path):
     """Seeded single-threaded training: the same spec trained twice on this machine gives the same bytes."""
-    from tandem_rlvr.world.build import JUNIOR_SPEC
+    from tandem_rlvr.world.arith_build import JUNIOR_SPEC
     from tandem_rlvr.world.train_workers import train_models
 
     tok_dir = tmp_path / "tok"
     from tandem_rlvr.data import PROMPT_SUFFIX
-    from tandem_rlvr.world.build import DIGIT_PATTERN, build_tokenizer, tokenizer_corpus
+    from tandem_rlvr.world.arith_build import tokenizer_corpus
+    from tandem_rlvr.world.build import DIGIT_PATTERN, build_tokenizer
 
     build_tokenizer(tokenizer_corpus()[:400], 512, tok_dir, pattern=DIGIT_PATTERN, extra_tokens=[PROMPT_SUFFIX])
     spec = replace(JUNIOR_SPEC, steps=30, short_steps=10, ramp_every=5, hidden=32, intermediate=64)
@@ -231,7 +233,7 @@ def _fake_training(monkeypatch, outcomes):
 
     seeds = []
 
-    def train_models(specs, tok_dir, out, progress):
+    def train_models(specs, tok_dir, out, progress, world):
         seeds.append({k: v.seed for k, v in specs.items()})
         for name in specs:
             (out / name).mkdir(parents=True, exist_ok=True)
@@ -259,8 +261,8 @@ def test_a_build_retrains_with_the_next_seeds_until_the_properties_hold(tmp_path
     paths = build.build_world(tmp_path, progress=False, prebuilt=False)
     tries = paths.manifest["tries"]
     assert [t["try"] for t in tries] == [0, 1, 2] and [t["trained"] for t in tries] == [["junior", "senior"], ["senior"], ["senior"]]
-    assert seeds[1] == {"senior": seeds[0]["senior"] + build.TRY_SEED_STEP}  # the failing model only, next seed
-    assert tries[2]["seeds"] == {"junior": seeds[0]["junior"], "senior": seeds[0]["senior"] + 2 * build.TRY_SEED_STEP}
+    assert seeds[1] == {"senior": seeds[0]["senior"] + TRY_SEED_STEP}  # the failing model only, next seed
+    assert tries[2]["seeds"] == {"junior": seeds[0]["junior"], "senior": seeds[0]["senior"] + 2 * TRY_SEED_STEP}
     assert "senior's margin over the junior" in tries[0]["failures"][0] and tries[2]["failures"] == []
     assert (paths.senior_dir / "model.safetensors").read_bytes() == f"senior{seeds[2]['senior']}".encode()
     assert (paths.junior_dir / "model.safetensors").read_bytes() == f"junior{seeds[0]['junior']}".encode()
@@ -269,10 +271,10 @@ def test_a_build_retrains_with_the_next_seeds_until_the_properties_hold(tmp_path
 def test_a_build_whose_tries_all_fail_stops_with_every_try_named(tmp_path, monkeypatch):
     from tandem_rlvr.world import build
 
-    _fake_training(monkeypatch, [False] * build.MAX_TRIES)
+    _fake_training(monkeypatch, [False] * MAX_TRIES)
     with pytest.raises(build.WorldBuildError) as e:
         build.build_world(tmp_path, progress=False, prebuilt=False)
-    assert f"no try of {build.MAX_TRIES}" in str(e.value) and f"try {build.MAX_TRIES - 1}:" in str(e.value)
+    assert f"no try of {MAX_TRIES}" in str(e.value) and f"try {MAX_TRIES - 1}:" in str(e.value)
     assert not (tmp_path / build.world_key()).exists() and not list(tmp_path.glob(".tmp-*"))
 
 

@@ -18,6 +18,7 @@ from tandem_rlvr.demo.plan import (
     SHORTHAND_QUICK,
     SOURCES,
     DemoPlan,
+    plans,
     run_names,
     split_run,
     style_rate,
@@ -26,6 +27,6 @@ from tandem_rlvr.demo.plan import (
 from tandem_rlvr.demo.runner import run_demo
 
 __all__ = [
-    "FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "run_demo",
+    "FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "plans", "run_demo",
     "run_names", "split_run", "style_rate", "train_config",
 ]

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from tandem_rlvr.demo.plan import SOURCES, DemoPlan, style_rate, train_config
+from tandem_rlvr.demo.plan import DemoPlan, style_rate, train_config
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_text, read_jsonl
+from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
 
 __all__ = ["JobContext", "n_workers", "run_parallel", "run_sequential"]
 
@@ -37,7 +38,7 @@ class JobContext:
     junior_dir: str | None  # None: self-paired (a frozen copy of the warm start)
     plan: DemoPlan
     out: str
-    world: str = "arith"
+    world: str = DEFAULT_WORLD
 
 
 def n_workers(workers: int | None, n_jobs: int) -> int:
@@ -58,7 +59,7 @@ def _world(ctx: JobContext) -> dict:
         from tandem_rlvr.data import load_examples
         from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
 
-        warm, src = load_causal_lm(ctx.senior_dir), SOURCES[ctx.world]
+        warm, src = load_causal_lm(ctx.senior_dir), get_world(ctx.world).source
         _WORLD.clear()
         _WORLD.update(ctx=ctx, tok=load_tokenizer(ctx.senior_dir), warm=warm,
                       junior=freeze(load_causal_lm(ctx.junior_dir) if ctx.junior_dir else copy.deepcopy(warm)),
@@ -192,12 +193,12 @@ def _curve_rows(run_dir: Path) -> list[dict]:
     return [{k: r[k] for k in keep if k in r} for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
-def _jargon_metrics(texts: list[str], world: str = "arith") -> dict:
+def _jargon_metrics(texts: list[str], world: str = DEFAULT_WORLD) -> dict:
     return {"rollout/jargon_rate": style_rate(world)(texts)}
 
 
 def _evaluate(senior, junior, tok, examples, plan: DemoPlan, scorer, seed: int, label: str, chains_path: Path,
-              progress: bool = True, world: str = "arith") -> dict:
+              progress: bool = True, world: str = DEFAULT_WORLD) -> dict:
     from tandem_rlvr.evaluation.evaluate import eval_sampling, evaluate_pair
 
     metrics, chains = evaluate_pair(

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem_rlvr.config import load_config
+from tandem_rlvr.world.registry import DEFAULT_WORLD, WORLDS, get_world
 
-__all__ = ["FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "run_names",
+__all__ = ["FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "plans", "run_names",
            "split_run", "style_rate", "train_config"]
 
 
@@ -39,26 +40,27 @@ class DemoPlan:
 FULL = DemoPlan()
 QUICK = DemoPlan(seeds=1, steps=6, prompts_per_step=8, group_size=4, eval_problems=16, eval_n=2,
                  curve_ps=(1.0, 0.5), val_every=3, val_problems=8)
-# The shorthand world (``--world shorthand``, meant for ``--junior self``): the same arms and sizes, its own
-# token budget (``world.shorthand.BUDGET``: every shorthand solution fits it, no 7-8 op plain one does) and
-# learning rate (at 1e-4, 20 steps left the senior within 0.002 nats/token of its warm start; at 1e-3 GRPO
-# collapsed: docs/demo.md, "Designs and learning rates measured").
-SHORTHAND_FULL = DemoPlan(max_new_tokens=80, lr=3e-4)
-SHORTHAND_QUICK = DemoPlan(**{**QUICK.__dict__, "max_new_tokens": 80, "lr": 3e-4})
-PLANS = {"arith": (FULL, QUICK), "shorthand": (SHORTHAND_FULL, SHORTHAND_QUICK)}  # (full, --quick) per world
-SOURCES = {"arith": "world", "shorthand": "shorthand"}  # each world's data source: load_examples("<source>/<split>")
+
+
+def plans(world: str = DEFAULT_WORLD) -> tuple[DemoPlan, DemoPlan]:
+    """``(full, --quick)`` plans of a built-in world: :data:`FULL` and :data:`QUICK` with the sizes its record
+    changes (:attr:`tandem_rlvr.world.registry.World.demo_plan`); an unknown world is an
+    :class:`~tandem_rlvr.world.registry.UnknownWorldError` naming the known ones."""
+    changes = dict(get_world(world, "demo world").demo_plan)
+    if not changes:
+        return FULL, QUICK
+    return DemoPlan(**{**FULL.__dict__, **changes}), DemoPlan(**{**QUICK.__dict__, **changes})
+
+
+PLANS = {name: plans(name) for name in WORLDS}  # (full, --quick) per world
+SHORTHAND_FULL, SHORTHAND_QUICK = PLANS["shorthand"]  # ``--world shorthand`` (meant for ``--junior self``)
+SOURCES = {name: w.source for name, w in WORLDS.items()}  # each world's data source: load_examples("<source>/<split>")
 
 
 def style_rate(world: str):
     """The world's compressed-style detector over texts (the report's "jargon rate" row): the arithmetic
-    world's jargon, the shorthand world's shorthand."""
-    if world == "shorthand":
-        from tandem_rlvr.world.shorthand import shorthand_rate
-
-        return shorthand_rate
-    from tandem_rlvr.world.problems import jargon_rate
-
-    return jargon_rate
+    world's jargon, the shorthand world's shorthand (:meth:`tandem_rlvr.world.registry.World.style_rate`)."""
+    return get_world(world).style_rate()
 
 
 def run_names(plan: DemoPlan) -> list[str]:
@@ -73,10 +75,10 @@ def split_run(name: str) -> tuple[str, float]:
 
 
 def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir: str, junior_dir: str | None,
-                 progress: bool = True, world: str = "arith"):
+                 progress: bool = True, world: str = DEFAULT_WORLD):
     """The demo's training config for one run (:func:`run_names`) and seed (the same for every run but
     ``algo.arm`` and ``algo.kl_beta``)."""
-    arm, beta = split_run(run)
+    arm, beta, source = *split_run(run), get_world(world).source
     base = {
         "model": {"senior": senior_dir, **({"junior": junior_dir} if junior_dir else {"self_paired": True})},
         "algo": {"arm": arm, "group_size": plan.group_size, "loss_type": "grpo", "lr": plan.lr,
@@ -86,8 +88,8 @@ def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir:
         "rollout": {"max_new_tokens": plan.max_new_tokens, "temperature": 0.6, "max_prompt_tokens": 256},
         "train": {"steps": plan.steps, "prompts_per_step": plan.prompts_per_step, "save_every": 0,
                   "seed": seed, "out_dir": str(out_dir), "progress": progress},
-        "data": {"train": f"{SOURCES[world]}/train", "reward": "math", "reward_workers": 1},
-        "val": {"data": f"{SOURCES[world]}/val", "every": plan.val_every, "n": plan.val_n, "limit": plan.val_problems},
+        "data": {"train": f"{source}/train", "reward": "math", "reward_workers": 1},
+        "val": {"data": f"{source}/val", "every": plan.val_every, "n": plan.val_n, "limit": plan.val_problems},
     }
     for dotted, value in plan.overrides.items():
         node = base

@@ -22,6 +22,7 @@ from pathlib import Path
 from tandem_rlvr.io import atomic_write_text
 from tandem_rlvr.demo.results import metric_of, arm_values, kl_runs, label, runs
 from tandem_rlvr.demo.stats import equivalence, mean_ci
+from tandem_rlvr.world.registry import DEFAULT_WORLD, WORLDS
 
 EQUIV_MARGIN_PTS = 5.0  # claim 1: solo pass@1 differences within ±5 points count as "the same"
 ALPHA = 0.05
@@ -168,14 +169,11 @@ def _timing(results: dict) -> str:
     return f"{head} (world build {results['world']['build_s']:.0f} s; the jobs' CPU time {cpu:.0f} s)."
 
 
-WORLD_TITLES = {"arith": "built-in arithmetic world",
-                "shorthand": "built-in shorthand world, `--world shorthand`; its jargon rate is the shorthand rate"}
-
-
 def _title(results: dict) -> str:
-    """The report's title, naming the world (``results["world"]["name"]``, ``arith`` when absent)."""
-    world = results.get("world", {}).get("name", "arith")
-    return f"# Tandem RLVR demo ({WORLD_TITLES.get(world, world + ' world')})"
+    """The report's title, naming the world (``results["world"]["name"]``, the default world when absent) in its
+    record's words (:attr:`tandem_rlvr.world.registry.World.title`; a world no longer built in by its name)."""
+    world = results.get("world", {}).get("name", DEFAULT_WORLD)
+    return f"# Tandem RLVR demo ({WORLDS[world].title if world in WORLDS else world + ' world'})"
 
 
 def write_report(results: dict, out_dir: str | Path) -> Path:

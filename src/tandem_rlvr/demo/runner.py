@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from tandem_rlvr.demo.jobs import JobContext, n_workers, run_parallel, run_sequential
-from tandem_rlvr.demo.plan import PLANS, SOURCES, DemoPlan, run_names
-from tandem_rlvr.errors import TandemError
+from tandem_rlvr.demo.plan import DemoPlan, plans, run_names
 from tandem_rlvr.io import atomic_write_json
+from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
 
 __all__ = ["run_demo"]
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: int | None = None,
              force_world: bool = False, junior: str = "weak", plan: DemoPlan | None = None,
-             restart: bool = False, workers: int | None = None, world: str = "arith",
+             restart: bool = False, workers: int | None = None, world: str = DEFAULT_WORLD,
              world_seed: int | None = None) -> dict:
     """Run the whole demo; returns the results dict also written to ``out_dir/results.json``.
 
@@ -39,8 +39,9 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     one per usable CPU, at most one per job) run them in parallel processes of one intra-op thread
     each, with the same numbers as one process (every job seeds itself). An interrupted demo resumes:
     evaluations already in ``out_dir/results.json`` (same plan, world and junior) are kept, the rest
-    is trained and evaluated (``restart``: all). ``world`` names the built-in world (``arith``, the default,
-    or ``shorthand``, see :mod:`tandem_rlvr.world.shorthand`); its plan (:data:`PLANS`) is the default;
+    is trained and evaluated (``restart``: all). ``world`` names the built-in world (a key of
+    :data:`tandem_rlvr.world.registry.WORLDS`: ``arith``, the default, or ``shorthand``); its plan
+    (:func:`tandem_rlvr.demo.plan.plans`) is the default;
     ``world_seed`` builds it under another build seed (a robustness check; default: the shipped one)."""
     from tandem_rlvr.demo.report import write_report
     from tandem_rlvr.logs import quiet_libraries
@@ -49,10 +50,8 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
 
     check_demo(out_dir, junior=junior, seeds=seeds, workers=workers)  # before the world build and any training
     quiet_libraries()  # no transformers/datasets bars in the demo's own (the Hub's downloads on a terminal only)
-    if world not in PLANS:
-        raise TandemError(f"demo world must be one of {', '.join(PLANS)}, got {world!r}")
-
-    plan = plan or PLANS[world][1 if quick else 0]
+    get_world(world, "demo world")  # an unknown world fails here, before the build
+    plan = plan or plans(world)[1 if quick else 0]
     if seeds is not None:
         plan = DemoPlan(**{**plan.__dict__, "seeds": seeds})
     out = Path(out_dir)
@@ -83,12 +82,12 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     return results
 
 
-def _write_problems(out: Path, plan: DemoPlan, world: str = "arith") -> None:
+def _write_problems(out: Path, plan: DemoPlan, world: str = DEFAULT_WORLD) -> None:
     """The evaluated test problems ``{id: text}`` for the HTML report's chain browser."""
     from tandem_rlvr.data import load_examples
 
     (out / "chains").mkdir(parents=True, exist_ok=True)
-    problems = {str(e.id): e.problem for e in load_examples(f"{SOURCES[world]}/test")[: plan.eval_problems]}
+    problems = {str(e.id): e.problem for e in load_examples(f"{get_world(world).source}/test")[: plan.eval_problems]}
     atomic_write_json(out / "chains" / "problems.json", problems)
 
 
@@ -104,7 +103,7 @@ def _previous(out: Path, results: dict, restart: bool) -> dict:
         log.warning("ignoring unreadable %s (starting over)", path)
         return results
     same = (all(old.get(k) == results[k] for k in ("plan", "junior"))
-            and all(old.get("world", {}).get(k, "arith" if k == "name" else None) == results["world"][k] for k in ("senior", "name")))
+            and all(old.get("world", {}).get(k, DEFAULT_WORLD if k == "name" else None) == results["world"][k] for k in ("senior", "name")))
     if not same:
         log.info("%s holds another plan, world or junior: starting over", path)
         return results

@@ -1,8 +1,11 @@
-"""Build (or load from cache) the arithmetic world: tokenizer, weaker junior, senior warm start.
+"""Build (or load from cache) a built-in world: tokenizer, weaker junior, senior warm start.
 
-Layout under the cache root (``$TANDEM_RLVR_CACHE`` or ``~/.cache/tandem_rlvr``)::
+Each world's recipe (its specs, tokenizer corpus and property gate) is the module its record names
+(:mod:`tandem_rlvr.world.registry`: :mod:`~tandem_rlvr.world.arith_build`, :mod:`~tandem_rlvr.world.shorthand_build`);
+this module builds any of them the same way. Layout under the cache root (``$TANDEM_RLVR_CACHE`` or
+``~/.cache/tandem_rlvr``)::
 
-    world-v<VERSION>-<hash of the recipe>/
+    <key prefix>-v<VERSION>-<hash of the recipe>/   (world-v1-..., shorthand-v1-...)
         tokenizer/   senior/   junior/   manifest.json
 
 Each model folder is a standard Hugging Face checkpoint (safetensors + tokenizer files). A build is
@@ -20,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -28,50 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem_rlvr.data import PROMPT_SUFFIX
-from tandem_rlvr.world.problems import (
-    generate_problem,
-    jargon_solution,
-    plain_solution,
-    sft_problems,
-)
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import replace_durably
-from tandem_rlvr.world.properties import PROPERTIES, PROPERTY_COUNT
-from tandem_rlvr.world.rules import MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, seeded_specs
-from tandem_rlvr.world.sft import ModelSpec
-from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN, build_tokenizer
+from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
+from tandem_rlvr.world.rules import SEED, TOKENIZER_VOCAB
+from tandem_rlvr.world.tokenizer import DIGIT_PATTERN, build_tokenizer
 
-WORLD_VERSION = 1
 PREBUILT_DIR = Path(__file__).with_name("prebuilt")  # worlds shipped with the package, one folder per key
 log = logging.getLogger(__name__)
-
-# Both warm starts use a length curriculum: 2-4 op chains first, then one op longer every 100 steps.
-# The weaker junior: plain style only, chains of 2-6 operations (the RL train range), a narrower MLP.
-JUNIOR_SPEC = ModelSpec(
-    name="junior",
-    hidden=96,
-    layers=3,
-    intermediate=256,
-    steps=1600,
-    short_steps=500,
-    ramp_every=100,
-    n_ops=(2, 6),
-    seed=SEED + 1,
-)
-# The senior warm start: a wider MLP, both styles (45 % jargon), chains of 2-8 operations.
-SENIOR_SPEC = ModelSpec(
-    name="senior",
-    hidden=96,
-    layers=3,
-    intermediate=320,
-    steps=1500,
-    short_steps=500,
-    ramp_every=100,
-    jargon_share=0.45,
-    n_ops=(2, 8),
-    seed=SEED + 2,
-)
-
 
 @dataclass(frozen=True)
 class WorldPaths:
@@ -99,58 +65,17 @@ class WorldPaths:
         return json.loads((self.root / "manifest.json").read_text())
 
 
-def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
-    """The junior's and the senior's recipe for the build seed ``seed`` and its try ``attempt`` (0-based)."""
-    return seeded_specs(JUNIOR_SPEC, SENIOR_SPEC, seed, attempt)
+def recipe(seed: int = SEED, world: str = DEFAULT_WORLD) -> dict:
+    """Everything that determines the built world (its recipe module's ``recipe``); its hash names the cache folder."""
+    return get_world(world).recipe_module().recipe(seed)
 
 
-WORLDS = ("arith", "shorthand")  # the built-in worlds; arith (this module's recipe) is the default
-
-
-def world_module(world: str):
-    """The module holding a non-default world's recipe, probes and properties (None for ``arith``)."""
-    if world == "arith":
-        return None
-    if world == "shorthand":
-        from tandem_rlvr.world import shorthand_build
-
-        return shorthand_build
-    raise ValueError(f"unknown world {world!r}; choose from {', '.join(WORLDS)}")
-
-
-def recipe(seed: int = SEED, world: str = "arith") -> dict:
-    """Everything that determines the built world; its hash names the cache folder."""
-    if world != "arith":
-        return world_module(world).recipe(seed)
-    specs = model_specs(seed)
-    return {
-        "version": WORLD_VERSION,
-        "seed": seed,
-        "tokenizer": {"vocab": TOKENIZER_VOCAB, "corpus": TOKENIZER_CORPUS, "pattern": DIGIT_PATTERN},
-        "chat_template": CHAT_TEMPLATE,
-        "instruction": PROMPT_SUFFIX,
-        "junior": specs["junior"].to_dict(),
-        "senior": specs["senior"].to_dict(),
-        "formats": _format_fingerprint(),
-        "gate": {"properties": PROPERTIES, "count": PROPERTY_COUNT, "max_tries": MAX_TRIES, "seed_step": TRY_SEED_STEP,
-                 "retrain": "each model whose properties fail"},
-    }
-
-
-def _format_fingerprint() -> str:
-    """A hash of a few generated problems in both styles, so a change of wording or format misses the cache."""
-    rng = random.Random(0)
-    sample = [generate_problem(rng, n) for n in (2, 5, 8)]
-    text = "".join(p.text + plain_solution(p) + jargon_solution(p) for p in sample)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def world_key(seed: int = SEED, world: str = "arith") -> str:
-    """The versioned cache folder name, e.g. ``world-v1-3f2a9c01de`` (``shorthand-v1-...`` for that world)."""
+def world_key(seed: int = SEED, world: str = DEFAULT_WORLD) -> str:
+    """The versioned cache folder name, ``<key prefix>-v<VERSION>-<hash>``: ``world-v1-3f2a9c01de`` for the arith
+    world, ``shorthand-v1-...`` for the shorthand world."""
+    w = get_world(world)
     digest = hashlib.sha256(json.dumps(recipe(seed, world), sort_keys=True).encode()).hexdigest()
-    if world == "arith":
-        return f"world-v{WORLD_VERSION}-{digest[:10]}"
-    return f"{world}-v{world_module(world).VERSION}-{digest[:10]}"
+    return f"{w.key_prefix}-v{w.recipe_module().VERSION}-{digest[:10]}"
 
 
 def default_cache_dir() -> Path:
@@ -178,7 +103,7 @@ def _file_table(root: Path) -> dict[str, dict]:
     return table
 
 
-def is_complete(root: Path, seed: int = SEED, world: str = "arith") -> bool:
+def is_complete(root: Path, seed: int = SEED, world: str = DEFAULT_WORLD) -> bool:
     """Whether ``root`` holds a finished build: a manifest of this recipe whose files all match."""
     try:
         manifest = json.loads((root / "manifest.json").read_text())
@@ -224,22 +149,6 @@ def _remove_stale_temps(cache_root: Path, key: str) -> None:
 # ----------------------------------------------------------------------------------- the build
 
 
-def tokenizer_corpus(seed: int = SEED) -> list[str]:
-    """Deterministic tokenizer training text: chat-framed problems and both solution styles.
-
-    The constant instruction is not in it: it becomes one added token (see ``build_tokenizer``).
-    """
-    stream = sft_problems(seed, (2, 8))
-    corpus = []
-    for _ in range(TOKENIZER_CORPUS):
-        _, p = next(stream)
-        corpus.append(f"<|im_start|>user\n{p.text}<|im_end|>\n<|im_start|>assistant\n")
-        corpus += [plain_solution(p), jargon_solution(p)]
-    rng = random.Random(seed)
-    rng.shuffle(corpus)
-    return corpus
-
-
 ENV_KEYS = ("local_files_only",)  # echoed into tokenizer_config.json from the environment (HF_HUB_OFFLINE)
 
 
@@ -250,16 +159,15 @@ def normalize_configs(root: Path) -> None:
         path.write_text(json.dumps({k: v for k, v in cfg.items() if k not in ENV_KEYS}, indent=2, ensure_ascii=False) + "\n")
 
 
-def _build_into(tmp: Path, progress: bool, seed: int = SEED, world: str = "arith") -> None:
+def _build_into(tmp: Path, progress: bool, seed: int = SEED, world: str = DEFAULT_WORLD) -> None:
     """Build every artefact of the world into ``tmp`` (models retrained until the promised properties hold)
     and write its manifest last."""
-    start, mod = time.time(), world_module(world)
-    corpus = tokenizer_corpus(seed) if mod is None else mod.tokenizer_corpus(seed)
+    start = time.time()
+    corpus = get_world(world).recipe_module().tokenizer_corpus(seed)
     tokenizer = build_tokenizer(
         corpus, TOKENIZER_VOCAB, tmp / "tokenizer", pattern=DIGIT_PATTERN, extra_tokens=[PROMPT_SUFFIX]
     )
-    stats, tries = (_train_until_properties_hold(tmp, progress, seed) if mod is None
-                    else _train_until_properties_hold(tmp, progress, seed, world))
+    stats, tries = _train_until_properties_hold(tmp, progress, seed, world)
     manifest = {
         "recipe": recipe(seed, world),
         "vocab_size": len(tokenizer),
@@ -277,28 +185,21 @@ class WorldBuildError(TandemError):
 
 def _gate(world: str):
     """``(specs, measure, failures, retrain, values, count, max tries)`` of a world's property gate."""
-    mod = world_module(world)
-    if mod is None:
-        from tandem_rlvr.world import probe
-        from tandem_rlvr.world.properties import models_to_retrain, property_failures, property_values
-
-        return (model_specs, lambda paths, count: probe.measure_models(paths, count=count), property_failures,
-                models_to_retrain, property_values, PROPERTY_COUNT, MAX_TRIES)
+    mod = get_world(world).recipe_module()
     return (mod.model_specs, mod.measure_models, mod.property_failures, mod.models_to_retrain, mod.property_values,
             mod.PROPERTY_COUNT, mod.MAX_TRIES)
 
 
-def _train_until_properties_hold(tmp: Path, progress: bool, seed: int, world: str = "arith") -> tuple[dict, list[dict]]:
+def _train_until_properties_hold(tmp: Path, progress: bool, seed: int, world: str = DEFAULT_WORLD) -> tuple[dict, list[dict]]:
     """Train the junior and the senior, measure the properties, and retrain each model whose properties
     fail with its next seed (the other model is kept) until they all hold."""
     from tandem_rlvr.world import train_workers
 
     specs, measure, property_failures, models_to_retrain, property_values, count, max_tries = _gate(world)
-    kw = {} if world == "arith" else {"world": world}
     attempt, todo, stats, tries = {"junior": 0, "senior": 0}, ["junior", "senior"], {}, []
     for round_ in range(max_tries):
         stats.update(train_workers.train_models({n: specs(seed, attempt[n])[n] for n in todo}, tmp / "tokenizer", tmp,
-                                                progress=progress, **kw))
+                                                progress=progress, world=world))
         normalize_configs(tmp)
         measured = measure(_paths(tmp), count)
         failures = property_failures(measured)
@@ -328,14 +229,14 @@ def _install(tmp: Path, final: Path) -> None:
         replace_durably(tmp, final)
 
 
-def prebuilt_world(world: str = "arith") -> Path | None:
-    """The copy of this recipe's world shipped with the package (``world/prebuilt/<key>``), if intact."""
+def prebuilt_world(world: str = DEFAULT_WORLD) -> Path | None:
+    """The copy of the world's current recipe shipped with the package (``world/prebuilt/<key>``), if intact."""
     root = PREBUILT_DIR / world_key(world=world)
     return root if is_complete(root, world=world) else None
 
 
 def build_world(cache_dir: str | Path | None = None, *, force: bool = False, progress: bool = True,
-                prebuilt: bool = True, seed: int = SEED, world: str = "arith") -> WorldPaths:
+                prebuilt: bool = True, seed: int = SEED, world: str = DEFAULT_WORLD) -> WorldPaths:
     """Return the world's paths in the cache, installing it first if absent or incomplete.
 
     It is copied from the package's shipped copy when that one matches the recipe and verifies
@@ -344,7 +245,8 @@ def build_world(cache_dir: str | Path | None = None, *, force: bool = False, pro
     differently); a build whose models miss a promised property retrains them with the next seeds
     (``MAX_TRIES``, every try recorded in the manifest). ``force`` rebuilds from scratch; ``seed``
     builds another world of the same recipe (other tokenizer corpus order and model seeds); ``world``
-    names the built-in world (``arith``, the default, or ``shorthand``: :mod:`tandem_rlvr.world.shorthand`).
+    names the built-in world (a key of :data:`tandem_rlvr.world.registry.WORLDS`: ``arith``, the default, or
+    ``shorthand``); another name is an :class:`~tandem_rlvr.world.registry.UnknownWorldError`.
     """
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -363,8 +265,6 @@ def build_world(cache_dir: str | Path | None = None, *, force: bool = False, pro
             if shipped is not None:
                 log.info("installing the shipped world %s into %s", shipped.name, cache_root)
                 shutil.copytree(shipped, tmp, dirs_exist_ok=True)
-            elif world == "arith":
-                _build_into(tmp, progress, seed)
             else:
                 _build_into(tmp, progress, seed, world)
             _install(tmp, final)

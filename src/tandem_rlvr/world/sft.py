@@ -16,12 +16,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tandem_rlvr.data import render_prompt
-from tandem_rlvr.world.problems import (
-    Problem,
-    jargon_solution,
-    plain_solution,
-    train_problem,
-)
+from tandem_rlvr.world.problems import Problem
+from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
 
 
 @dataclass(frozen=True)
@@ -88,11 +84,13 @@ class BatchMaker:
     Each batch has one chain length (drawn uniformly from ``spec.n_ops``), which keeps padding small.
     """
 
-    def __init__(self, tokenizer, spec: ModelSpec, world: str = "arith"):
-        """Seed the batch RNG from ``spec.seed`` (deterministic stream per spec); ``world`` names the styles
-        (``arith``: plain and jargon; ``shorthand``: plain and shorthand, see :mod:`tandem_rlvr.world.shorthand`)."""
+    def __init__(self, tokenizer, spec: ModelSpec, world: str = DEFAULT_WORLD):
+        """Seed the batch RNG from ``spec.seed`` (deterministic stream per spec); ``world`` names the built-in world
+        whose recipe gives the problems and the targets (``train_problem``, ``sft_response``:
+        :class:`tandem_rlvr.world.registry.World`)."""
+        recipe = get_world(world).recipe_module()
         self.tok = tokenizer
-        self.styles = _styles(world)
+        self.train_problem, self.sft_response = recipe.train_problem, recipe.sft_response
         self.world = world
         self.spec = spec
         self.rng = random.Random(spec.seed + 7919)
@@ -101,15 +99,10 @@ class BatchMaker:
         self.step = 0
 
     def _response(self, problem: Problem) -> str:
-        """The target response, jargon with probability ``jargon_share`` once ``jargon_from`` is reached."""
+        """The target response, compressed with probability ``jargon_share`` once ``jargon_from`` is reached
+        (the whole solution in the arith world, each step alone in the shorthand world)."""
         share = self.spec.jargon_share if self.step >= self.spec.jargon_from else 0.0
-        if self.world == "shorthand":  # the style is drawn per step there
-            from tandem_rlvr.world.shorthand import mixed_solution
-
-            return mixed_solution(problem, self.rng, share) + self.eos
-        jargon = self.rng.random() < share
-        plain, compressed, _ = self.styles
-        return (compressed(problem) if jargon else plain(problem)) + self.eos
+        return self.sft_response(problem, self.rng, share) + self.eos
 
     def ops_range(self, step: int) -> tuple[int, int]:
         """The chain lengths of the batch at ``step`` under the length curriculum."""
@@ -124,7 +117,7 @@ class BatchMaker:
     def next(self) -> dict[str, torch.Tensor]:
         """The next batch; labels are -100 on the prompt and on padding."""
         n_ops = self.rng.randint(*self.ops_range(self.step))
-        problems = [self.styles[2](self.rng, n_ops) for _ in range(self.spec.batch)]
+        problems = [self.train_problem(self.rng, n_ops) for _ in range(self.spec.batch)]
         pairs = [(render_prompt(self.tok, p.text), self._response(p)) for p in problems]
         self.step += 1
         prompts = self.tok([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
@@ -141,17 +134,6 @@ class BatchMaker:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def _styles(world: str):
-    """``(plain solution, compressed solution, train-problem sampler)`` of a world."""
-    if world == "arith":
-        return plain_solution, jargon_solution, train_problem
-    if world == "shorthand":
-        from tandem_rlvr.world import shorthand
-
-        return plain_solution, shorthand.shorthand_solution, shorthand.train_problem
-    raise ValueError(f"unknown world {world!r}")
-
-
 def lr_at(step: int, spec: ModelSpec) -> float:
     """Linear warmup to ``spec.lr``, then cosine decay to 10 % of it."""
     if step < spec.warmup:
@@ -161,7 +143,7 @@ def lr_at(step: int, spec: ModelSpec) -> float:
 
 
 def train_sft(
-    spec: ModelSpec, tokenizer, on_step: Callable[[int, float], None] | None = None, world: str = "arith"
+    spec: ModelSpec, tokenizer, on_step: Callable[[int, float], None] | None = None, world: str = DEFAULT_WORLD
 ) -> torch.nn.Module:
     """Train a fresh model for ``spec`` on ``world``'s styles and return it in eval mode; ``on_step(step, loss)``
     reports progress."""

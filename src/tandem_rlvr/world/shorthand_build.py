@@ -1,4 +1,5 @@
-"""The ``shorthand`` world's recipe, probes and promised properties (built by :mod:`tandem_rlvr.world.build`).
+"""The ``shorthand`` world's recipe, probes and promised properties (built by :mod:`tandem_rlvr.world.build`; its
+record is :data:`tandem_rlvr.world.registry.SHORTHAND`).
 
 Recipe: a tokenizer trained on problems and both styles; a **senior** warm start taught solutions whose
 every step is shorthand with probability ``SHORTHAND_SHARE`` (chains of 2-8 operations, length
@@ -90,6 +91,15 @@ def tokenizer_corpus(seed: int = SEED) -> list[str]:
         corpus += [S.solution(p, "plain"), S.solution(p, "shorthand")]
     random.Random(seed).shuffle(corpus)
     return corpus
+
+
+train_problem = S.train_problem  # the warm starts' problem sampler: this world's train bucket
+
+
+def sft_response(problem, rng: random.Random, share: float) -> str:
+    """One warm-start target: every step (and the answer line) drawn alone, shorthand with probability ``share``
+    (the style is a per-step habit, :func:`tandem_rlvr.world.shorthand.mixed_solution`)."""
+    return S.mixed_solution(problem, rng, share)
 
 
 # ------------------------------------------------------------------------------------- probes

@@ -19,12 +19,13 @@ import threading
 import time
 from pathlib import Path
 
+from tandem_rlvr.world.registry import DEFAULT_WORLD
 from tandem_rlvr.world.sft import ModelSpec
 
 REPORT_EVERY = 10  # steps between progress messages
 
 
-def train_one(spec: ModelSpec, tokenizer_dir: str | Path, out_dir: str | Path, report=None, world: str = "arith") -> dict:
+def train_one(spec: ModelSpec, tokenizer_dir: str | Path, out_dir: str | Path, report=None, world: str = DEFAULT_WORLD) -> dict:
     """Train ``spec`` (on ``world``'s styles) single-threaded, save model + tokenizer to ``out_dir``; return its stats."""
     import torch
     from transformers import AutoTokenizer
@@ -66,7 +67,7 @@ def _worker_main(argv: list[str]) -> int:
         """Emit one JSON progress line for the parent."""
         print(json.dumps({"step": step}), flush=True)
 
-    stats = train_one(spec, argv[1], argv[2], report=report, world=argv[3] if len(argv) > 3 else "arith")
+    stats = train_one(spec, argv[1], argv[2], report=report, world=argv[3] if len(argv) > 3 else DEFAULT_WORLD)
     print(json.dumps({"done": stats}), flush=True)
     return 0
 
@@ -90,7 +91,7 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, desc="building world (SFT steps)", unit="step", disable=not enabled)
 
 
-def _spawn(spec: ModelSpec, tokenizer_dir: Path, out_dir: Path, log, world: str = "arith") -> subprocess.Popen:
+def _spawn(spec: ModelSpec, tokenizer_dir: Path, out_dir: Path, log, world: str = DEFAULT_WORLD) -> subprocess.Popen:
     """Start a fresh interpreter (not a fork: the caller's ``__main__`` is never re-imported)."""
     package_root = str(Path(__file__).resolve().parents[2])  # the folder holding tandem_rlvr/
     pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
@@ -100,7 +101,7 @@ def _spawn(spec: ModelSpec, tokenizer_dir: Path, out_dir: Path, log, world: str 
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
 
 
-def _train_parallel(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, bar, world: str = "arith") -> dict:
+def _train_parallel(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, bar, world: str = DEFAULT_WORLD) -> dict:
     """Run one worker process per spec; collect stats; raise with the worker's log if one fails."""
     messages: queue.Queue = queue.Queue()
     procs, logs, stats = {}, {}, {}
@@ -134,7 +135,7 @@ def _train_parallel(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: 
 
 
 def train_models(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, progress: bool = True,
-                 world: str = "arith") -> dict:
+                 world: str = DEFAULT_WORLD) -> dict:
     """Train every spec (on ``world``'s styles) into ``out_root/<name>``; return ``{name: stats}`` (parameter
     counts, times)."""
     total = sum(s.steps for s in specs.values())
@@ -144,7 +145,7 @@ def train_models(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Pat
         return _train_parallel(specs, tokenizer_dir, out_root, bar, world)
 
 
-def _train_sequential(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, bar, world: str = "arith") -> dict:
+def _train_sequential(specs: dict[str, ModelSpec], tokenizer_dir: Path, out_root: Path, bar, world: str = DEFAULT_WORLD) -> dict:
     """Train the specs one after another in this process (single-threaded, restoring the thread count)."""
     import torch
 
