@@ -2,7 +2,8 @@
 for every (senior, benchmark), and write ``eval.json``, ``eval.csv``, ``eval.md``, plots and the chains.
 
 Options come from flags, from ``--config eval.yaml`` (the same keys, with ``_`` or ``-``), then
-built-in defaults, in that order of precedence. Finished (senior, benchmark) parts are kept under
+built-in defaults, in that order of precedence (:mod:`tandem_rlvr.evaluation.options`, loaded as the training
+config is). Finished (senior, benchmark) parts are kept under
 ``OUT/parts/`` with a fingerprint of everything that determines them, so an interrupted run resumes
 where it stopped (``--overwrite`` recomputes).
 """

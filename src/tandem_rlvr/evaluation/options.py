@@ -16,7 +16,6 @@ imports nothing heavy (no torch).
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,7 @@ from tandem_rlvr.data_keys import prompt_checks
 from tandem_rlvr.engines.serving import ENGINES
 from tandem_rlvr.errors import ConfigError
 
-__all__ = ["FLAGS", "EvalOptions", "describe", "eval_default", "load_options", "option_name"]
+__all__ = ["FLAGS", "EvalOptions", "check_options", "describe", "eval_default", "field_doc", "load_options", "option_name"]
 
 
 @dataclass
@@ -151,8 +150,3 @@ def describe() -> str:
 def field_doc(name: str) -> str:
     """The one documentation line of option ``name``."""
     return next(f for f in dataclasses.fields(EvalOptions) if f.name == name).metadata["doc"]
-
-
-def hints() -> dict[str, Any]:
-    """Each option's type."""
-    return typing.get_type_hints(EvalOptions)
