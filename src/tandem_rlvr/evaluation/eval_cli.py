@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from tandem_rlvr.config_bounds import bounds_of
 from tandem_rlvr.evaluation.options import FLAGS, EvalOptions, eval_default, field_doc, load_options
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,9 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
         if f.name in _SWITCHES:
             p.add_argument(flag, dest=f.name, action="store_const", const=_SWITCHES[f.name], default=None, help=_h(f.name))
         else:
+            words = bounds_of(f).choices if bounds_of(f) is not None else None  # shown; checked with the others
             p.add_argument(flag, dest=f.name, action="append" if f.name in _REPEATED else "store", default=None,
-                           metavar=_METAVARS.get(f.name), help=_h(f.name))
+                           metavar=_METAVARS.get(f.name) or (f"{{{','.join(words)}}}" if words else None), help=_h(f.name))
 
 
 def flag_values(args: argparse.Namespace) -> dict:
