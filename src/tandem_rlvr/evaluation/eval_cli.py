@@ -150,7 +150,9 @@ def _engine(opts: EvalOptions, path: str, junior_path: str, dtype: str, tok, sen
 
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
                  junior_name: str = "junior", junior_path: str | None = None, label: str | None = None,
-                 reach: dict | None = None) -> dict:
+                 reach: dict | None = None, settings=None) -> dict:
+    """Every benchmark of one (senior, junior) with the run's ``settings`` (:class:`EvalSettings`, built once from
+    ``opts``); a finished part with the same fingerprint is reused."""
     from tandem_rlvr.evaluation.crosstok import evaluate_any_pair, same_vocabulary, template_kind
     from tandem_rlvr.evaluation.evaluate import EvalSettings
     from tandem_rlvr.io import AtomicJsonl, atomic_write_json
@@ -183,7 +185,7 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
                                   f"and junior {junior_name!r} differ (use --engine hf: the text bridge)")
         t0 = time.perf_counter()
         with AtomicJsonl(chains) as sink:
-            metrics, _ = evaluate_any_pair(senior, junior, tok, junior_tok, examples, EvalSettings.of(opts),
+            metrics, _ = evaluate_any_pair(senior, junior, tok, junior_tok, examples, settings or EvalSettings.of(opts),
                                            scorer=scorer, sink=sink.write, keep_chains=False, engine=engine,
                                            labels={"senior": name, "junior": junior_name, "benchmark": bname})
         metrics["time_s"] = time.perf_counter() - t0
@@ -213,7 +215,7 @@ def run_eval(opts: EvalOptions) -> dict:
     from tandem_rlvr.io import atomic_write_json
     from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
     from tandem_rlvr.evaluation.report import write_eval_csv, write_eval_report
-    from tandem_rlvr.evaluation.evaluate import open_scorer
+    from tandem_rlvr.evaluation.evaluate import EvalSettings, open_scorer
     from tandem_rlvr.evaluation.matrix import write_matrix_report
     from tandem_rlvr import preflight
 
@@ -224,6 +226,7 @@ def run_eval(opts: EvalOptions) -> dict:
     juniors = opts.juniors
     # every model's config, tokenizer and context, the output directory: before any forward pass
     reach = preflight.check_eval(opts, juniors, benches)
+    settings = EvalSettings.of(opts)  # what every pair and mode reads
     t0 = time.perf_counter()
     results, pairs = {}, {}
     with open_scorer(opts.reward, opts.reward_timeout_s, opts.reward_workers) as scorer:
@@ -234,7 +237,7 @@ def run_eval(opts: EvalOptions) -> dict:
             for name, path in opts.seniors.items():
                 label = f"{name}+{jname}" if len(juniors) > 1 else name
                 results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, jname, jpath,
-                                              label, reach)
+                                              label, reach, settings)
                 pairs[label] = (name, jname)
             del junior
             gc.collect()
