@@ -21,6 +21,10 @@ start with the very tokens the solo chains start with, which lowers the variance
 word-level tandem at p = 1 is token-for-token the solo run, so the curve's p = 1 point reuses it.
 Results are a pure function of (models, data, seed, batch size) on CPU.
 
+Its settings are one object, :class:`EvalSettings` (built once from the command's options); one :class:`Job`
+holds an evaluation's inputs, settings and output (:class:`ChainLog`), and the record and metric assembly here
+(:func:`collect`, :func:`team_metrics`, :func:`curve_metrics`) serves the text bridge too
+(:mod:`tandem_rlvr.evaluation.crosstok`). The teacher-forced scoring is :mod:`tandem_rlvr.evaluation.scoring`.
 The command line (``tandem-rlvr eval``) lives in :mod:`tandem_rlvr.evaluation.eval_cli`, which calls this module.
 """
 
@@ -30,8 +34,6 @@ import logging
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-
-import torch
 
 from tandem_rlvr.data import encode_prompts
 from tandem_rlvr.engines.base import PromptBatch
