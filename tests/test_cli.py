@@ -107,4 +107,4 @@ def test_bad_eval_config_value_is_one_line(tmp_path, capsys):
     f = tmp_path / "e.yaml"
     f.write_text("senior: s\njunior: j\nbenchmark: b\nn: abc\n")
     rc, err = cli_lines(capsys, ["eval", "--config", str(f), "--out", str(tmp_path / "o")])
-    assert rc == 2 and len(err) == 1 and "'eval n'" in err[0], err
+    assert rc == 2 and len(err) == 1 and "eval option 'n' (--n) must be int" in err[0], err

@@ -16,7 +16,8 @@ import yaml
 
 from helpers.time_guard import no_hang  # noqa: F401 (autouse: a case over a minute fails instead of hanging)
 from tandem_rlvr.cli import build_parser, main
-from tandem_rlvr.config import Config, ConfigError, EvalOptions, describe, load_config
+from tandem_rlvr.config import Config, ConfigError, describe, load_config
+from tandem_rlvr.evaluation.options import EvalOptions
 from tandem_rlvr.config_bounds import bounds_of, field_problem, numeric_fields
 
 SECTIONS = {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)}
@@ -151,8 +152,10 @@ def test_eval_stops_at_a_bad_flag_before_any_model(capsys):
     assert (rc, err) == (2, ["tandem-rlvr eval: error: eval option 'top_p' (--top-p) must be in (0, 1], got 1.5"])
 
 
-def test_help_and_the_reference_show_each_range():
-    text = describe()
+def test_help_and_the_reference_show_each_range(capsys):
+    assert main(["config-help"]) == 0
+    text = capsys.readouterr().out
+    assert describe() in text, "config-help prints the training keys, then the eval options"
     assert "algo.weight_decay (default 0.0): AdamW weight decay. [allowed: a finite number >= 0]" in text
     assert "[allowed: in [0, 4294967295]]" in text and "eval top_p (default 0.8)" in text
     parser = build_parser()
@@ -199,7 +202,7 @@ def test_a_tilde_out_dir_is_expanded_once_in_the_config(home, tmp_path, monkeypa
 
 # -- the new fields of issue 36 (items 7 and 8): declared and documented here, used elsewhere ---------------
 def test_validation_decoding_defaults_to_the_evaluations():
-    from tandem_rlvr.config import eval_default
+    from tandem_rlvr.evaluation.options import eval_default
 
     cfg = Config()
     assert (cfg.val.temperature, cfg.val.top_p, cfg.val.top_k) == tuple(
@@ -214,8 +217,8 @@ def test_validation_decodes_with_the_val_keys(monkeypatch, tmp_path):
 
     got = []
 
-    def solo_eval(senior, tok, examples, *, sampling, **kw):
-        got.append(sampling)
+    def solo_eval(senior, tok, examples, settings, **kw):
+        got.append(settings.sampling)
         raise StopIteration
 
     monkeypatch.setattr(validation, "solo_eval", solo_eval)

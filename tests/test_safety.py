@@ -3,6 +3,8 @@ with code execution, no eval/exec of text anywhere in the package."""
 
 from __future__ import annotations
 
+import argparse
+
 import ast
 import copy
 import re
@@ -72,10 +74,11 @@ def test_trust_remote_code_is_never_hard_coded_true():
     assert not bad, bad
     # the defaults everywhere a user can set it are False
     from tandem_rlvr.config import ModelConfig
-    from tandem_rlvr.evaluation.eval_cli import DEFAULTS, EvalOptions
+    from tandem_rlvr.evaluation.eval_cli import EvalOptions, resolve_options
 
-    assert ModelConfig().trust_remote_code is False and DEFAULTS["trust_remote_code"] is False
-    assert EvalOptions(seniors={}, junior="", benchmarks=[], out="").trust_remote_code is False
+    assert ModelConfig().trust_remote_code is False and EvalOptions().trust_remote_code is False
+    flags = argparse.Namespace(seniors=["s"], juniors=["j"], benchmarks=["b"])
+    assert resolve_options(flags).trust_remote_code is False
 
 
 @pytest.mark.parametrize("asked", [False, True])

@@ -41,8 +41,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _config_help(args: argparse.Namespace) -> int:
     from tandem_rlvr.config import describe
+    from tandem_rlvr.evaluation import options
 
-    print(describe())
+    print(describe() + "\n\n" + options.describe())
     return 0
 
 

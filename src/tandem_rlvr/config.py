@@ -3,6 +3,10 @@
 Every field is documented once, here, in its ``doc`` metadata (``tandem-rlvr config-help`` prints
 them). Unknown keys and wrong types are rejected with the key's dotted name; cross-field checks run
 at load time; the resolved config is written to the run directory. This module knows nothing of torch.
+
+The loader's parts (:func:`read_config_file`, :func:`merge`, :func:`reuse`) also load the options of
+``tandem-rlvr eval`` (:mod:`tandem_rlvr.evaluation.options`): the same YAML reading, merging, coercion
+(:mod:`tandem_rlvr.config_values`) and bounds (:mod:`tandem_rlvr.config_bounds`).
 """
 
 from __future__ import annotations
@@ -10,13 +14,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tandem_rlvr.config_bounds import Bounds, allowed, bounds_of, check_fields, model_checks, run_dir_problem
+from tandem_rlvr.config_bounds import allowed, bounds_of, check_fields, default_of, model_checks, run_dir_problem
+from tandem_rlvr.config_bounds import option as _f  # a field, its documentation line and its allowed values
 from tandem_rlvr.config_values import coerce
 from tandem_rlvr.configs import resolve
 from tandem_rlvr.data_keys import data_checks, reward_path
@@ -30,18 +36,6 @@ ARMS = ("trlvr", "grpo", "kl_reg")
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding (np.random.seed) takes 0 .. 2**32 - 1
-
-
-def _f(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-       lt: float | None = None, choices: tuple | None = None, note: str = "") -> Any:
-    """A field with its one documentation line and the values it allows (:class:`~tandem_rlvr.config_bounds.Bounds`:
-    numeric bounds or ``choices``; ``note`` says why), checked by :func:`validate` before any work."""
-    meta: dict[str, Any] = {"doc": doc}
-    if any(b is not None for b in (ge, gt, le, lt, choices)):
-        meta["bounds"] = Bounds(ge, gt, le, lt, tuple(choices) if choices is not None else None, note)
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -189,89 +183,43 @@ class Config:
 _SAME = object()
 
 
-def _default(f: dataclasses.Field) -> Any:
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-
-
-def _reuse(section: type, name: str, default: Any = _SAME, **bounds) -> Any:
-    """The training config's option ``section.name`` for :class:`EvalOptions`: its one documentation line,
-    its default and its allowed values, unless the evaluation has its own (``default``, ``bounds``)."""
+def reuse(section: type, name: str, default: Any = _SAME, **bounds) -> Any:
+    """The training config's option ``section.name`` for another command's options (those of ``tandem-rlvr eval``,
+    :class:`~tandem_rlvr.evaluation.options.EvalOptions`): its one documentation line, its default and its
+    allowed values, unless that command has its own (``default``, ``bounds``)."""
     f = next(f for f in dataclasses.fields(section) if f.name == name)
     b = bounds_of(f)
     if not bounds and b is not None:
         bounds = dict(ge=b.ge, gt=b.gt, le=b.le, lt=b.lt, choices=b.choices, note=b.note)
-    return _f(_default(f) if default is _SAME else default, f.metadata["doc"], **bounds)
+    return _f(default_of(f) if default is _SAME else default, f.metadata["doc"], **bounds)
 
 
-@dataclass
-class EvalOptions:
-    """The options of ``tandem-rlvr eval`` (flags, or the same keys in ``--config eval.yaml``), each
-    documented once: an option the training config has too (sampling, the in-process mode, the vLLM
-    memory share, answer checking, local-file columns, remote code) reuses that field's documentation
-    and default (:func:`_reuse`), with the evaluation's own default where METHOD.md §5 sets one."""
-
-    seniors: dict = _f({}, "Seniors to evaluate, name -> local path or hub name (--senior [NAME=]PATH, repeatable).")
-    junior: str = _f("", "The frozen junior (local path or hub name): the first of ``juniors``.")
-    juniors: dict = _f({}, "Juniors, name -> local path or hub name (--junior [NAME=]PATH, repeatable; any tokenizer: a junior with another vocabulary runs through the text bridge); several give a seniors x juniors matrix.")
-    benchmarks: list = _f([], "Benchmark names (e.g. math500) or local JSONL/JSON/CSV/parquet files (--benchmark, repeatable).")
-    out: str = _f("eval_out", "Output directory: eval.json, eval.md, plots, chains/, parts/.")
-    n: int = _f(8, "Samples per problem.", ge=1)
-    max_new_tokens: int = _reuse(RolloutConfig, "max_new_tokens")
-    limit: int | None = _f(None, "First N problems of each benchmark (None = all).", ge=0)
-    seed: int = _f(0, "Sampling seed.", ge=0, le=MAX_SEED)
-    batch_size: int = _f(64, "Chains per generation call.", ge=1)
-    reward: str = _f("math", "Reward function: math, gsm8k or boxed_exact.")
-    curve_ps: list = _f([1.0, 0.75, 0.5, 0.25], "P(senior) values of the word-handoff curve (--no-curve: none).")
-    temperature: float = _reuse(RolloutConfig, "temperature", 0.7, ge=0, note="0 = greedy")
-    top_p: float = _reuse(RolloutConfig, "top_p", 0.8)
-    top_k: int = _reuse(RolloutConfig, "top_k", 20)
-    max_rounds: int = _f(150, "Step-handoff chains stop after this many turns (the word-handoff curve has no turn limit).", ge=1)
-    context: int = _f(4096, "Prompt + response token limit.", ge=2)
-    max_context: int = _f(0, "As model.max_context: positions the models read (0 = each model's own limit); a senior or junior that cannot read the chains at --context and --max-new-tokens stops the evaluation before the first forward.", ge=0)
-    split: str | None = _f(None, "Split of a named benchmark.")
-    problem_key: str = _reuse(DataConfig, "problem_key")
-    answer_key: str = _reuse(DataConfig, "answer_key")
-    id_key: str | None = _f("id", "Id column of a local file (the row index where missing).")
-    trust_remote_code: bool = _reuse(ModelConfig, "trust_remote_code")
-    dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16 or float16.", choices=("auto", *DTYPES))
-    device: str = _f("auto", "auto, cpu, cuda, cuda:1, ...")
-    reward_timeout_s: float = _reuse(DataConfig, "reward_timeout_s")
-    reward_workers: int = _reuse(DataConfig, "reward_workers")
-    chunk_tokens: int = _f(1024, "Tokens per vocabulary-sized scoring chunk.", ge=1)
-    score_batch: int = _f(8, "Chains per teacher-forced scoring forward.", ge=1)
-    progress: bool = _f(True, "Show progress bars.")
-    overwrite: bool = _f(False, "Recompute finished (senior, benchmark) parts instead of reusing them.")
-    engine: str = _f("hf", "Sampler of the chains: hf (in-process) or vllm (every chain, the word-handoff curve too, on one vLLM engine per senior that holds it and the junior; needs tandem-rlvr[vllm] and one vocabulary).", choices=ENGINES)
-    mode: str = _reuse(RolloutConfig, "mode")
-    vllm_memory: float = _reuse(RolloutConfig, "vllm_memory")
-
-    def __post_init__(self) -> None:  # flags and --config values alike, before any model loads
-        check_fields(self, lambda name: f"eval option {name!r} (--{name.replace('_', '-')})")
+def config_key(dotted: str) -> str:
+    """How an error names a training config key: ``config key 'algo.lr'``."""
+    return f"config key {dotted!r}"
 
 
-def eval_default(name: str) -> Any:
-    """The default of an evaluation option."""
-    return _default(next(f for f in dataclasses.fields(EvalOptions) if f.name == name))
-
-
-def _merge(obj: Any, data: dict, prefix: str = "") -> None:
+def merge(obj: Any, data: dict, name: Callable[[str], str] = config_key, prefix: str = "") -> None:
+    """Set the fields of dataclass ``obj`` (nested sections too) from ``data`` (a YAML file's mapping, parsed
+    overrides, flags), each value coerced to its field's type (:func:`~tandem_rlvr.config_values.coerce`);
+    ``name(dotted key)`` names a key in the one-line errors (an unknown key, a value of the wrong type)."""
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"unknown config key {dotted!r}; valid keys here: {', '.join(sorted(names))}")
+            raise ConfigError(f"unknown {name(dotted)}; valid keys here: {', '.join(sorted(names))}")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"config key {dotted!r} must be a mapping, got {value!r}")
-            _merge(current, value, dotted + ".")
+                raise ConfigError(f"{name(dotted)} must be a mapping, got {value!r}")
+            merge(current, value, name, dotted + ".")
         else:
-            _refuse_null_word(type(obj), key, value, hints[key], dotted)
-            setattr(obj, key, coerce(value, hints[key], dotted))
+            _refuse_null_word(type(obj), key, value, hints[key], name(dotted))
+            setattr(obj, key, coerce(value, hints[key], name(dotted)))
 
 
-def _refuse_null_word(cls: type, name: str, value: Any, tp: Any, dotted: str) -> None:
+def _refuse_null_word(cls: type, name: str, value: Any, tp: Any, key: str) -> None:
     """YAML reads ``~``/``null`` as None: a word-valued key whose allowed words include ``none``/``off``
     takes it as that word; any other plain string key (a path, a model) refuses it instead of becoming
     a folder or model named "none"."""
@@ -279,7 +227,7 @@ def _refuse_null_word(cls: type, name: str, value: Any, tp: Any, dotted: str) ->
         return
     b = bounds_of(next(f for f in dataclasses.fields(cls) if f.name == name))
     if not (b and b.choices and {"none", "off"} & set(b.choices)):
-        raise ConfigError(f"config key {dotted!r} must be a string, got null (YAML reads ~, null and an empty "
+        raise ConfigError(f"{key} must be a string, got null (YAML reads ~, null and an empty "
                           "value as null: quote the text, or give a path)")
 
 
@@ -306,24 +254,31 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """A validated :class:`Config` from ``base``, a YAML file or a shipped config's name, then dotted overrides."""
     cfg = Config()
     if base:
-        _merge(cfg, base)
+        merge(cfg, base)
     if path is not None:
-        p = resolve(path)  # a file, else a shipped config's name (``trlvr``, ``paper/trlvr``; tandem_rlvr.configs)
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid UTF-8 (byte {e.start})") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_why(e)}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
-        _merge(cfg, data)
+        data, p = read_config_file(path)
+        merge(cfg, data)
         reward_path(cfg.data, p.resolve().parent)  # a reward.py beside the config file (others: the cwd)
     if overrides:
-        _merge(cfg, parse_overrides(overrides))
+        merge(cfg, parse_overrides(overrides))
     cfg.train.out_dir = os.path.expanduser(cfg.train.out_dir)  # once, here: the run, preflight and resume agree
     validate(cfg)
     return cfg
+
+
+def read_config_file(path: str | Path, kind: str | None = "train", what: str = "config file") -> tuple[dict, Path]:
+    """The mapping of a YAML config file, or of a shipped config's name (``trlvr``, ``paper/eval``; tandem_rlvr.configs,
+    listed by ``kind``), and its path; ``what`` names it in the one-line errors."""
+    p = resolve(path, kind=kind, what=what)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not valid UTF-8 (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not valid YAML: {_yaml_why(e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {str(p)!r} must hold a mapping at the top level")
+    return data, p
 
 
 def _yaml_why(e: yaml.YAMLError) -> str:
@@ -407,18 +362,17 @@ def save_config(cfg: Config, path: str | Path) -> None:
     atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
-def _help_line(head: str, cls: type, f: dataclasses.Field) -> str:
+def help_line(head: str, cls: type, f: dataclasses.Field) -> str:
     """``head (default D): doc [allowed: ...]`` (the bracket only where the field declares its values)."""
     rng = allowed(cls, f)
-    return f"{head} (default {_default(f)!r}): {f.metadata.get('doc', '')}" + (f" [allowed: {rng}]" if rng else "")
+    return f"{head} (default {default_of(f)!r}): {f.metadata.get('doc', '')}" + (f" [allowed: {rng}]" if rng else "")
 
 
 def describe() -> str:
-    """Every config key with its default, documentation and allowed values, one per line; then the eval options."""
+    """Every training config key with its default, documentation and allowed values, one per line (``tandem-rlvr
+    config-help`` adds the eval options: :func:`tandem_rlvr.evaluation.options.describe`)."""
     lines = []
     hints = typing.get_type_hints(Config)
     for section in dataclasses.fields(Config):
-        lines += [_help_line(f"{section.name}.{f.name}", hints[section.name], f) for f in dataclasses.fields(hints[section.name])]
-    lines += ["", "tandem-rlvr eval options (flags --name-with-dashes, or keys of --config eval.yaml):"]
-    lines += [_help_line(f"eval {f.name}", EvalOptions, f) for f in dataclasses.fields(EvalOptions)]
+        lines += [help_line(f"{section.name}.{f.name}", hints[section.name], f) for f in dataclasses.fields(hints[section.name])]
     return "\n".join(lines)

@@ -1,11 +1,13 @@
 """The allowed values of the config's fields, declared with each field and checked by one generic function.
 
-A field of :mod:`tandem_rlvr.config` declares its range where it is defined, ``_f(0.0, "doc", ge=0)``:
-``ge``/``gt``/``le``/``lt`` bound a number, ``choices`` lists the words a string may take, ``note`` says
-why (printed after the error). :func:`check_fields` checks every field of a config section (or of
-:class:`~tandem_rlvr.config.EvalOptions`) against its declaration and raises one
-:class:`~tandem_rlvr.errors.ConfigError` line naming the key, the allowed values and the value given.
-A float must be finite wherever a range is declared (``inf`` and ``nan`` are never a setting).
+A field of :mod:`tandem_rlvr.config` (or of :class:`~tandem_rlvr.evaluation.options.EvalOptions`) is declared
+with :func:`option`, its documentation line and its range where it is defined, ``_f(0.0, "doc", ge=0)``:
+``ge``/``gt``/``le``/``lt`` bound a number (each element of a list of numbers, which must not be empty),
+``choices`` lists the words a string may take, ``note`` says why (printed after the error).
+:func:`check_fields` checks every field of a config section or of the evaluation's options against its
+declaration and raises one :class:`~tandem_rlvr.errors.ConfigError` line naming the key, the allowed values
+and the value given. A float must be finite wherever a range is declared (``inf`` and ``nan`` are never a
+setting).
 
 Cross-field checks (a mini-batch that divides the step, a KL weight only for the kl_reg arm) stay in
 :func:`tandem_rlvr.config.validate`. :func:`run_dir_problem` refuses a ``train.out_dir`` that is not a
@@ -26,7 +28,8 @@ from typing import Any
 
 from tandem_rlvr.errors import ConfigError
 
-__all__ = ["Bounds", "allowed", "bounds_of", "check_fields", "field_problem", "numeric_fields", "run_dir_problem"]
+__all__ = ["Bounds", "allowed", "bounds_of", "check_fields", "default_of", "field_problem", "numeric_fields", "option",
+           "run_dir_problem"]
 
 
 def _num(x: float) -> str:
@@ -56,6 +59,8 @@ class Bounds:
         return any(b is not None for b in (self.ge, self.gt, self.le, self.lt))
 
     def allows(self, value: Any) -> bool:
+        if isinstance(value, (list, tuple)):  # a list of numbers: every element, and at least one
+            return bool(value) and all(self.allows(v) for v in value)
         if self.choices is not None:
             return value in self.choices
         if not self.numeric:
@@ -80,6 +85,23 @@ class Bounds:
         return f"a finite number {lo or hi}" if is_float else lo or hi
 
 
+def option(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+           lt: float | None = None, choices: tuple | None = None, note: str = "") -> Any:
+    """A config field with its one documentation line and the values it allows (:class:`Bounds`: numeric bounds
+    or ``choices``; ``note`` says why), checked by :func:`check_fields` before any work."""
+    meta: dict[str, Any] = {"doc": doc}
+    if any(b is not None for b in (ge, gt, le, lt, choices)):
+        meta["bounds"] = Bounds(ge, gt, le, lt, tuple(choices) if choices is not None else None, note)
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """The default value of a dataclass field (a fresh one for a list or dict)."""
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
 def bounds_of(f: dataclasses.Field) -> Bounds | None:
     """The declared :class:`Bounds` of a dataclass field (None: any value of its type)."""
     return f.metadata.get("bounds")
@@ -89,7 +111,14 @@ def allowed(cls: type, f: dataclasses.Field) -> str:
     """The values field ``f`` of dataclass ``cls`` allows, in words (``in [0, 1]``, ``a finite number > 0``),
     or '' where it declares none."""
     b = bounds_of(f)
-    return "" if b is None else b.describe(_numeric_type(typing.get_type_hints(cls)[f.name]) is float)
+    return "" if b is None else _describe(b, typing.get_type_hints(cls)[f.name])
+
+
+def _describe(b: Bounds, tp: Any) -> str:
+    """The allowed values of a field typed ``tp`` in words; a list field's bounds hold for each element."""
+    if tp is list or typing.get_origin(tp) is list:
+        return f"a non-empty list of numbers {b.describe()}"
+    return b.describe(_numeric_type(tp) is float)
 
 
 def _numeric_type(tp: Any) -> type | None:
@@ -110,7 +139,7 @@ def field_problem(f: dataclasses.Field, tp: Any, value: Any) -> str | None:
     if b is None or (value is None and type(None) in typing.get_args(tp)) or b.allows(value):
         return None
     why = f" ({b.note})" if b.note else ""
-    return f"must be {b.describe(_numeric_type(tp) is float)}, got {value!r}{why}"
+    return f"must be {_describe(b, tp)}, got {value!r}{why}"
 
 
 def check_fields(obj: Any, key: Callable[[str], str]) -> None:

@@ -1,15 +1,16 @@
-"""The checks of the ``data`` and ``val`` sections at config load (:func:`tandem_rlvr.config.validate`) and the
-one path resolved there (a reward file). Imports nothing heavy, as :mod:`tandem_rlvr.config`."""
+"""The checks of the ``data`` and ``val`` sections at config load (:func:`tandem_rlvr.config.validate`; the prompt
+keys' also for ``tandem-rlvr eval``) and the one path resolved there (a reward file). Imports nothing heavy, as :mod:`tandem_rlvr.config`."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tandem_rlvr.prompts import template_problem
 
-__all__ = ["data_checks", "is_reward_file", "reward_path", "select_k"]
+__all__ = ["data_checks", "is_reward_file", "prompt_checks", "reward_path", "select_k"]
 
 
 def data_checks(cfg: Any) -> list[tuple[bool, str, str | None]]:
@@ -18,17 +19,27 @@ def data_checks(cfg: Any) -> list[tuple[bool, str, str | None]]:
     from tandem_rlvr.names import REWARD_KINDS
 
     d, v = cfg.data, cfg.val
-    kw, k = d.chat_template_kwargs, select_k(v.select)
+    k = select_k(v.select)
     return [
         (v.every == 0 or bool(v.data), "val.data", "is required when val.every > 0"),
         (k is not None and k <= v.n, "val.select",
          f"must be pass@K with K in 1, 2, 4, 8 and K <= val.n ({v.n}), got {v.select!r}"),
         (d.reward in REWARD_KINDS or ":" in d.reward, "data.reward",
          f"must be {', '.join(REWARD_KINDS)} or package.module:function (or path/to/file.py:function), got {d.reward!r}"),
-        (template_problem(d.prompt_template) is None, "data.prompt_template", template_problem(d.prompt_template)),
-        (not (d.prompt_template and d.prompt_key), "data.prompt_template",
-         f"does not apply to a prompt column (data.prompt_key={d.prompt_key!r} holds the whole prompt); unset one"),
-        (isinstance(kw, dict) and all(isinstance(x, str) for x in kw), "data.chat_template_kwargs",
+        *[(ok, f"data.{name}", why) for ok, name, why in prompt_checks(d, lambda n: f"data.{n}")],
+    ]
+
+
+def prompt_checks(d: Any, key: Callable[[str], str]) -> list[tuple[bool, str, str | None]]:
+    """``(ok, field name, why)`` of the prompt keys of ``d`` (the data section, or the eval options, which share
+    their names): a template with {problem}, not with a prompt column; ``chat_template_kwargs`` a mapping of
+    names. ``key(name)`` names another key in a reason (``data.prompt_key``, ``--prompt-key``)."""
+    kw = d.chat_template_kwargs
+    return [
+        (template_problem(d.prompt_template) is None, "prompt_template", template_problem(d.prompt_template)),
+        (not (d.prompt_template and d.prompt_key), "prompt_template",
+         f"does not apply to a prompt column ({key('prompt_key')}={d.prompt_key!r} holds the whole prompt); unset one"),
+        (isinstance(kw, dict) and all(isinstance(x, str) for x in kw), "chat_template_kwargs",
          f"must be a mapping of argument names to values, e.g. {{enable_thinking: false}}, got {kw!r}"),
     ]
 

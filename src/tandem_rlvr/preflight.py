@@ -228,30 +228,3 @@ def check_demo(out_dir: str | Path, *, junior: str, seeds: int | None, workers: 
         raise TandemError(f"demo --seeds must be >= 1, got {seeds}")
     if workers is not None and workers < 1:
         raise TandemError(f"demo workers must be >= 1, got {workers}")
-
-
-# -- eval options: the values of flags and of the --config file, typed with one-line errors --------------
-def parse_curve_ps(value) -> list[float]:
-    """``--curve-ps 1.0,0.5`` (or a YAML list) → floats in [0, 1]; anything else is a one-line ConfigError."""
-    from tandem_rlvr.config import ConfigError
-
-    items = value.split(",") if isinstance(value, str) else value
-    try:
-        ps = [float(x) for x in items]
-    except (TypeError, ValueError):
-        raise ConfigError(f"eval --curve-ps must be comma-separated numbers in [0, 1] (e.g. 1.0,0.5), got {value!r}") from None
-    if not ps or not all(0.0 <= p <= 1.0 for p in ps):
-        raise ConfigError(f"eval --curve-ps values must lie in [0, 1], got {value!r}")
-    return ps
-
-
-def typed_eval_values(merged: dict, option_types: dict) -> dict:
-    """Each value of ``merged`` with the type of its :class:`~tandem_rlvr.config.EvalOptions` field
-    (a --config file's ``n: abc`` is a one-line error naming the key, as bad flags are)."""
-    from tandem_rlvr.config_values import coerce
-
-    out = dict(merged)
-    for key, value in merged.items():
-        if key in option_types and key not in ("senior", "junior", "benchmark", "curve_ps") and value is not None:
-            out[key] = coerce(value, option_types[key], f"eval {key.replace('_', '-')}")
-    return out

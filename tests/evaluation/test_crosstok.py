@@ -341,3 +341,26 @@ def test_word_bridge_follows_the_same_tokenizer_rule(models, tokenizer):
             assert own == want[b, :len(own)].tolist(), (seed, b)
             switches += sum(x != y for x, y in zip(own, own[1:]))
     assert switches >= 6, f"the fixture must exercise several word handoffs, got {switches}"
+
+
+def test_both_vocabularies_read_one_settings_object_and_write_one_record_and_metric_shape(models, tokenizer,
+                                                                                         junior_tokenizer):
+    """A pair with two tokenizers and a pair with one take the same EvalSettings and assemble their records and
+    metrics with the same helpers: the same fields (the bridge adds its stop reason and spans; scores it cannot
+    compute are n/a), the settings' sample count and curve."""
+    from tandem_rlvr.evaluation.evaluate import EvalSettings
+
+    s = EvalSettings(n=2, sampling=Sampling(max_new_tokens=12, temperature=1.0), batch_size=4, curve_ps=(0.5,),
+                     progress=False, score_batch=3)
+    cross, cross_chains = evaluate_any_pair(models[0], models[1], tokenizer, junior_tokenizer, PROBLEMS, s,
+                                            reward_fn=_reward)
+    same, same_chains = evaluate_any_pair(models[0], copy.deepcopy(models[0]), tokenizer, tokenizer, PROBLEMS, s,
+                                          reward_fn=_reward)
+    scores = {"junior_ce", "junior_top1", "kl_mc", "kl_exact"}
+    fields = lambda chains, extra: {r["mode"]: set(r) - scores - extra for r in chains}  # noqa: E731
+    assert fields(cross_chains, {"stop", "spans"}) == fields(same_chains, set())
+    assert all({"stop", "spans"} <= set(r) for r in cross_chains if r["mode"] != "solo")
+    assert set(same) <= set(cross) and cross["vocabulary"] == "different"
+    for m in (cross, same):
+        assert (m["n_samples"], m["n_chains"], set(m["curve"])) == (2, 2 * len(PROBLEMS), {"0.5"})
+    assert cross["solo_pass@1"] == same["solo_pass@1"], "the senior's solo chains do not depend on the junior"

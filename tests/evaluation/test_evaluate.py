@@ -557,7 +557,8 @@ def test_eval_options_reuse_the_training_options_they_share():
     default, except where METHOD.md §5 sets the evaluation's own: sampling at 0.7 / 0.8 / 20)."""
     import dataclasses
 
-    from tandem_rlvr.config import DataConfig, EvalOptions, ModelConfig, RolloutConfig
+    from tandem_rlvr.config import DataConfig, ModelConfig, RolloutConfig
+    from tandem_rlvr.evaluation.options import EvalOptions
 
     ev = {f.name: f for f in dataclasses.fields(EvalOptions)}
     own = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}

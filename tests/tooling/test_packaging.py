@@ -52,11 +52,11 @@ def test_an_unknown_name_is_one_line_listing_the_shipped_training_configs():
 
 
 def test_the_eval_command_takes_the_shipped_eval_config_by_name(capsys):
-    from tandem_rlvr.evaluation.eval_cli import _read_config
+    from tandem_rlvr.evaluation.options import load_options
 
-    assert _read_config("paper/eval") == _read_config(str(configs.ROOT / "paper" / "eval.yaml"))
+    assert load_options("paper/eval") == load_options(str(configs.ROOT / "paper" / "eval.yaml"))
     with pytest.raises(ConfigError, match=r"eval config file 'evl' does not exist .*\(shipped: paper/eval;"):
-        _read_config("evl")
+        load_options("evl")
 
 
 def test_config_show_lists_prints_and_locates_the_shipped_configs(capsys):

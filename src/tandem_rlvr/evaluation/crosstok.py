@@ -26,22 +26,22 @@ prompt + history + turn reads the history truncated from the left (``handoff_con
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from functools import partial
 
 import torch
 
-from tandem_rlvr.config import HandoffConfig, eval_default
+from tandem_rlvr.config import HandoffConfig
 from tandem_rlvr.engines.bridge import make_side, tokenizers_differ
 from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.turns import Side, TurnRules, chains_to_rollout, encode_texts, run_turns, start_chains
 from tandem_rlvr.engines.types import Sampling
 from tandem_rlvr.evaluation import legibility as L
+from tandem_rlvr.evaluation.evaluate import EvalSettings, collect, curve_metrics, finish, make_job, run_mode, team_metrics
 
-HANDOFF_MAX_ROUNDS = eval_default("max_rounds")  # the step handoff's turn limit (tandem_rlvr.config.EvalOptions)
 WORD_MAX_GAP = HandoffConfig().max_gap  # the word schedule's K, as in training (tandem_rlvr.config.HandoffConfig)
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def text_tandem(senior: Side, junior: Side, senior_prompts: Sequence[str], junio
 
 
 def bridge_handoff(senior: Side, junior: Side, senior_prompts: Sequence[str], junior_prompts: Sequence[str],
-                   sampling: Sampling, *, seed: int = 0, max_rounds: int | None = HANDOFF_MAX_ROUNDS,
+                   sampling: Sampling, *, seed: int = 0, max_rounds: int | None = EvalSettings.max_rounds,
                    contexts: tuple[int | None, int | None] = (None, None)) -> dict:
     """Step handoff (``alternate``: the senior writes the first step, then strict alternation) between two
     tokenizers (:func:`text_tandem`). The random draws are those of
@@ -125,137 +125,76 @@ def word_bridge(senior: Side, junior: Side, senior_prompts: Sequence[str], junio
 # ---------------------------------------------------------------------------------------------------
 
 
-def _kept_problems(job, examples, tokenizer) -> list[str]:
-    """The problem texts of the job's prompts, in its order (the prompts that fit the context)."""
-    from tandem_rlvr.data import encode_prompts
-
-    limit = None if job.context is None else job.context - 1
-    keep, _ = encode_prompts(tokenizer, examples, max_prompt_tokens=limit, what="eval (problems)")
-    return [examples[i].problem for i in keep]
-
-
-def _bridge_record(job, mode: str, pi: int, si: int, out: dict, i: int, reward: float, n_tok: int) -> dict:
-    text, spans = out["texts"][i], out["spans"][i]
-    turns = [{"owner": "senior" if o else "junior", "text": text[s:e], "chars": e - s} for s, e, o in spans]
-    return {**job.labels, "problem_id": job.ids[pi], "sample": si, "mode": mode, "reward": reward,
-            "gold": job.golds[pi], "n_tokens": n_tok, "finished": bool(out["rollout"].finished_B[i]),
-            "rounds": int(out["rollout"].rounds_B[i]), "stop": out["stops"][i], "text": text, "turns": turns,
-            "spans": [list(s) for s in spans]}
-
-
-def _run_bridge_mode(job, sides: tuple[Side, Side], problems: list[str], mode: str, runner: Callable) -> tuple:
-    """One mode through text (``runner``: :func:`bridge_handoff`-like): a ``ModeResult``, stop counts, truncations."""
+def _run_bridge_mode(job, sides: tuple[Side, Side], mode: str, runner: Callable) -> tuple:
+    """One mode through text (``runner``: :func:`bridge_handoff`-like), batch by batch with the budgets and seeds of
+    the same-vocabulary modes: a ``ModeResult``, stop counts, truncations."""
     from tandem_rlvr.data import render_prompt
-    from tandem_rlvr.evaluation.evaluate import batch_seed, ModeResult
 
-    res = ModeResult(rewards=[[0.0] * job.n for _ in job.prompts])
+    res = job.result()
     stops, truncations = dict.fromkeys(STOPS, 0), 0
-    tag = str(job.labels.get("benchmark", ""))
     for b, rows in enumerate(job.batches()):
-        budget = job.sampling.max_new_tokens
-        if job.context is not None:
-            budget = max(1, min(budget, job.context - max(len(job.prompts[pi]) for pi, _ in rows)))
-        probs = [problems[pi] for pi, _ in rows]
+        probs = [job.problems.texts[pi] for pi, _ in rows]
         out = runner(*sides, [render_prompt(sides[0].tokenizer, p) for p in probs],
-                     [render_prompt(sides[1].tokenizer, p) for p in probs],
-                     replace(job.sampling, max_new_tokens=budget), seed=batch_seed(job.seed, tag, b))
-        ro = out["rollout"]
-        rewards = job.grader.grade(out["texts"], [job.golds[pi] for pi, _ in rows])
-        n_tok = ro.response_mask_BT.sum(-1).tolist()
-        res.senior_tokens += int((ro.owner_BT * ro.response_mask_BT).sum())
+                     [render_prompt(sides[1].tokenizer, p) for p in probs], job.budget(rows), seed=job.seed(b))
+        rewards = job.grader.grade(out["texts"], [job.problems.golds[pi] for pi, _ in rows])
         truncations += out["truncations"]
-        for i, (pi, si) in enumerate(rows):
-            res.rewards[pi][si] = rewards[i]
-            res.n_tokens.append(int(n_tok[i]))
-            res.finished.append(bool(ro.finished_B[i]))
-            res.rounds.append(int(ro.rounds_B[i]))
-            stops[out["stops"][i]] += 1
-            rec = _bridge_record(job, mode, pi, si, out, i, rewards[i], int(n_tok[i]))
-            if job.keep_chains:
-                job.chains.append(rec)
-            if job.sink is not None:
-                job.sink(rec)
+        for stop in out["stops"]:
+            stops[stop] += 1
+        extra = [{"stop": stop, "spans": [list(sp) for sp in spans]} for stop, spans in zip(out["stops"], out["spans"])]
+        collect(job, res, mode, rows, out["rollout"], out["texts"], rewards, partial(_bridge_turns, out), extra=extra)
     return res, stops, truncations
 
 
-def _word_curve(job, sides, problems: list[str], ps: list[float], solo, ctx: dict) -> dict:
-    """pass@1 of word-level tandem through text (:func:`word_bridge`) at each P(senior); p = 1 is solo."""
-    from tandem_rlvr.evaluation import metrics as M
-
-    curve = {}
-    for p in ps:
-        res = solo if float(p) == 1.0 else _run_bridge_mode(
-            job, sides, problems, f"curve-p{float(p)}", partial(word_bridge, p=float(p), contexts=ctx["contexts"]))[0]
-        curve[str(float(p))] = M.mean_pass_at_k(res.rewards, 1)
-    return curve
+def _bridge_turns(out: dict, i: int) -> list[dict]:
+    """Chain ``i``'s turns from its character spans: owner, text, characters."""
+    text = out["texts"][i]
+    return [{"owner": "senior" if o else "junior", "text": text[s:e], "chars": e - s} for s, e, o in out["spans"][i]]
 
 
-def _cross_pair(senior, junior, s_tok, j_tok, examples, *, ks, max_rounds, context, kw: dict) -> tuple[dict, list]:
-    """Solo (lockstep, senior alone) and bridged step handoff of a pair with different tokenizers."""
-    from tandem_rlvr.evaluation.evaluate import make_job, pass_metrics, run_mode, tax_metrics
+def _cross_pair(senior, junior, s_tok, j_tok, examples, settings, **io) -> tuple[dict, list]:
+    """Solo (lockstep, senior alone), bridged step handoff and the bridged word curve of a pair with different
+    tokenizers; ``io``: :func:`tandem_rlvr.evaluation.evaluate.make_job`'s keyword arguments."""
     from tandem_rlvr.engines.handoff import make_schedule
+    from tandem_rlvr.models import eos_ids
 
-    if kw.pop("engine", None) is not None:
+    if io.pop("engine", None) is not None:
         raise ValueError("--engine vllm serves same-tokenizer pairs only; use --engine hf for a pair with different tokenizers")
-    curve_ps = list(kw.pop("curve_ps", None) or [])
-    job, skipped = make_job(senior, None, s_tok, examples, context=context, **kw)
-    problems = _kept_problems(job, examples, s_tok)
+    job = make_job(senior, None, s_tok, examples, settings, **io)
     solo = run_mode(job, "solo", make_schedule("none"))
-    sides = (make_side(senior, s_tok, job.eos), make_side(junior, j_tok))
-    ctx = dict(max_rounds=max_rounds, contexts=(model_context(senior, context), model_context(junior)))
-    hand, stops, trunc = _run_bridge_mode(job, sides, problems, "handoff", partial(bridge_handoff, **ctx))
-    out = {"n_problems": len(job.prompts), "n_samples": job.n, "n_chains": len(job.prompts) * job.n, "n_skipped": skipped}
-    out.update(pass_metrics("solo", solo, ks))
-    out.update(pass_metrics("handoff", hand, ks))
-    out.update(tax_metrics(solo, hand))
-    out["handoff_rounds"] = sum(hand.rounds) / max(1, len(hand.rounds))
-    out["handoff_senior_frac"] = hand.senior_tokens / max(1, sum(hand.n_tokens))
+    sides = (make_side(senior, s_tok, eos_ids(s_tok, senior)), make_side(junior, j_tok))
+    contexts = (model_context(senior, settings.context), model_context(junior))
+    hand, stops, trunc = _run_bridge_mode(job, sides, "handoff",
+                                          partial(bridge_handoff, max_rounds=settings.max_rounds, contexts=contexts))
+    out = team_metrics(job, solo, hand)
     out["handoff_stops"] = stops
     out["handoff_context_truncations"] = trunc
     out.update(dict.fromkeys(NA_KEYS, NA))
-    if curve_ps:
-        out["curve"] = _word_curve(job, sides, problems, curve_ps, solo, ctx)
-    if job.grader.stats:
-        out["reward_stats"] = dict(job.grader.stats)
-    return out, job.chains
+    if settings.curve_ps:
+        out["curve"] = curve_metrics(job, solo, lambda p: _run_bridge_mode(
+            job, sides, f"curve-p{p}", partial(word_bridge, p=p, contexts=contexts))[0])
+    return finish(job, out)
 
 
-def evaluate_any_pair(senior, junior, senior_tokenizer, junior_tokenizer, examples: Sequence, *,
-                      sink: Callable | None = None, keep_chains: bool = True, score_batch: int = L.SCORE_BATCH,
-                      chunk_tokens: int = L.CHUNK_TOKENS, **kw) -> tuple[dict, list[dict]]:
-    """Evaluate one senior with one junior, with or without a shared vocabulary (see the module docstring).
+def evaluate_any_pair(senior, junior, senior_tokenizer, junior_tokenizer, examples: Sequence,
+                      settings: EvalSettings | None = None, *, sink: Callable | None = None, **io) -> tuple[dict, list[dict]]:
+    """Evaluate one senior with one junior, with or without a shared vocabulary (see the module docstring), with
+    ``settings`` (:class:`~tandem_rlvr.evaluation.evaluate.EvalSettings`).
 
-    Keyword arguments are those of :func:`tandem_rlvr.evaluation.evaluate.evaluate_pair`. Every solo chain also
-    gets ``junior_bpb`` (the junior's bits per UTF-8 byte of its text, :mod:`tandem_rlvr.evaluation.legibility`);
-    the metrics get ``junior_bpb`` and its counts, and ``vocabulary``: ``shared`` or ``different``.
+    Keyword arguments are those of :func:`tandem_rlvr.evaluation.evaluate.evaluate_pair` (the grader, labels,
+    ``keep_chains``, the engine, and changes to the settings' fields). Every solo chain also gets ``junior_bpb``
+    (the junior's bits per UTF-8 byte of its text, :mod:`tandem_rlvr.evaluation.legibility`); the metrics get
+    ``junior_bpb`` and its counts, and ``vocabulary``: ``shared`` or ``different``.
     """
-    from tandem_rlvr.evaluation.evaluate import evaluate_pair
+    from tandem_rlvr.evaluation.evaluate import evaluate_pair  # looked up per call (tests replace it)
 
-    scorer = L.BpbSink(junior, junior_tokenizer, examples, sink, batch=score_batch, chunk_tokens=chunk_tokens)
-    common = dict(sink=scorer, keep_chains=keep_chains, score_batch=score_batch, chunk_tokens=chunk_tokens)
+    fields = {f.name for f in dataclasses.fields(EvalSettings)}
+    s = (settings or EvalSettings()).but(**{k: io.pop(k) for k in list(io) if k in fields})
+    scorer = L.BpbSink(junior, junior_tokenizer, examples, sink, batch=s.score_batch, chunk_tokens=s.chunk_tokens)
     if same_vocabulary(senior, junior, senior_tokenizer, junior_tokenizer):
-        metrics, chains = evaluate_pair(senior, junior, senior_tokenizer, examples, **common, **kw)
+        metrics, chains = evaluate_pair(senior, junior, senior_tokenizer, examples, s, sink=scorer, **io)
         metrics["vocabulary"] = "shared"
     else:
-        from tandem_rlvr.evaluation import evaluate as E
-
-        ks = kw.pop("ks", E.M.DEFAULT_KS)
-        max_rounds, context = kw.pop("max_rounds", E.MAX_ROUNDS), kw.pop("context", E.EVAL_CONTEXT)
-        kw.setdefault("n", E.EVAL_N)
-        kw.setdefault("seed", E.EVAL_SEED)
-        kw.setdefault("batch_size", E.EVAL_BATCH_SIZE)
-        kw.setdefault("curve_ps", E.CURVE_PS)
-        kw.setdefault("labels", None)
-        kw.setdefault("progress", True)
-        kw.setdefault("reward_fn", None)
-        kw.setdefault("scorer", None)
-        if kw.get("sampling") is None:
-            from tandem_rlvr.evaluation.evaluate import eval_sampling
-
-            kw["sampling"] = eval_sampling()
-        metrics, chains = _cross_pair(senior, junior, senior_tokenizer, junior_tokenizer, examples, ks=ks,
-                                      max_rounds=max_rounds, context=context,
-                                      kw={**kw, "sink": scorer, "keep_chains": keep_chains})
+        metrics, chains = _cross_pair(senior, junior, senior_tokenizer, junior_tokenizer, examples, s, sink=scorer, **io)
         metrics["vocabulary"] = "different"
     scorer.flush()
     metrics.update(scorer.summary())

@@ -2,7 +2,8 @@
 for every (senior, benchmark), and write ``eval.json``, ``eval.csv``, ``eval.md``, plots and the chains.
 
 Options come from flags, from ``--config eval.yaml`` (the same keys, with ``_`` or ``-``), then
-built-in defaults, in that order of precedence. Finished (senior, benchmark) parts are kept under
+built-in defaults, in that order of precedence (:mod:`tandem_rlvr.evaluation.options`, loaded as the training
+config is). Finished (senior, benchmark) parts are kept under
 ``OUT/parts/`` with a fingerprint of everything that determines them, so an interrupted run resumes
 where it stopped (``--overwrite`` recomputes).
 """
@@ -19,130 +20,46 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from tandem_rlvr.config import EvalOptions, eval_default
-from tandem_rlvr.engines.serving import ENGINES, MODES
+from tandem_rlvr.config_bounds import bounds_of
+from tandem_rlvr.evaluation.options import FLAGS, EvalOptions, eval_default, field_doc, load_options
 
 log = logging.getLogger(__name__)
 
-LIST_KEYS = ("senior", "junior", "benchmark")
-_FLAG_ONLY = {"senior": None, "junior": None, "benchmark": None, "curve": True}  # --senior/--junior/--benchmark fill seniors/juniors/benchmarks
-DEFAULTS = {**{f.name: eval_default(f.name) for f in fields(EvalOptions) if f.name not in ("seniors", "juniors", "benchmarks")},
-            **_FLAG_ONLY}
+_SWITCHES = {"curve": False, "progress": False, "trust_remote_code": True, "overwrite": True}  # flags without a value
+_REPEATED = ("seniors", "juniors", "benchmarks")
+_METAVARS = {"seniors": "[NAME=]PATH_OR_HUB", "juniors": "[NAME=]PATH_OR_HUB", "benchmarks": "NAME_OR_FILE"}
 
 
-def _h(name: str, default: bool = True) -> str:
-    """A flag's help: the option's one documentation line (tandem_rlvr.config.EvalOptions) and its default."""
-    f = next(f for f in fields(EvalOptions) if f.name == name)
-    doc = f.metadata["doc"]
-    return f"{doc} (default {eval_default(name)})" if default else doc
+def _h(name: str) -> str:
+    """A flag's help: the option's one documentation line (tandem_rlvr.evaluation.options.EvalOptions) and its
+    default."""
+    return field_doc(name) if name in _REPEATED else f"{field_doc(name)} (default {eval_default(name)})"
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
-    """The flags of ``tandem-rlvr eval`` (defaults are applied after merging ``--config``)."""
-    a = p.add_argument
-    a("--config", default=None, help="YAML file with any of the keys below, or a shipped config's name (paper/eval; flags win)")
-    a("--senior", action="append", default=None, metavar="[NAME=]PATH_OR_HUB", help=_h("seniors", False))
-    a("--junior", action="append", default=None, metavar="[NAME=]PATH_OR_HUB", help=_h("juniors", False))
-    a("--benchmark", action="append", default=None, metavar="NAME_OR_FILE", help=_h("benchmarks", False))
-    a("--no-curve", dest="curve", action="store_const", const=False, default=None, help="skip the handoff-rate curve")
-    a("--curve-ps", default=None, help="comma-separated " + _h("curve_ps"))
-    for name, kind in (("out", str), ("n", int), ("max_new_tokens", int), ("limit", int), ("seed", int),
-                       ("batch_size", int), ("reward", str), ("temperature", float), ("top_p", float), ("top_k", int),
-                       ("max_rounds", int), ("context", int), ("max_context", int), ("split", str), ("problem_key", str),
-                       ("answer_key", str), ("id_key", str), ("dtype", str), ("device", str),
-                       ("reward_timeout_s", float), ("reward_workers", int), ("chunk_tokens", int),
-                       ("score_batch", int), ("vllm_memory", float)):
-        a("--" + name.replace("_", "-"), type=kind, default=None, help=_h(name))
-    a("--engine", choices=ENGINES, default=None, help=_h("engine"))
-    a("--mode", choices=MODES, default=None, help=_h("mode"))
-    a("--trust-remote-code", dest="trust_remote_code", action="store_const", const=True, default=None,
-      help=_h("trust_remote_code"))
-    a("--no-progress", dest="progress", action="store_const", const=False, default=None, help="no progress bars (ours, transformers' and the Hub's)")
-    a("--overwrite", dest="overwrite", action="store_const", const=True, default=None, help=_h("overwrite"))
+    """The flags of ``tandem-rlvr eval``, one per option (``--name-with-dashes``, or the flag of
+    :data:`~tandem_rlvr.evaluation.options.FLAGS`); a value is read as a ``--config`` file's value is
+    (:func:`~tandem_rlvr.evaluation.options.load_options`) and wins over it."""
+    p.add_argument("--config", default=None,
+                   help="YAML file with any of the keys below, or a shipped config's name (paper/eval; flags win)")
+    for f in fields(EvalOptions):
+        flag = FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
+        if f.name in _SWITCHES:
+            p.add_argument(flag, dest=f.name, action="store_const", const=_SWITCHES[f.name], default=None, help=_h(f.name))
+        else:
+            words = bounds_of(f).choices if bounds_of(f) is not None else None  # shown; checked with the others
+            p.add_argument(flag, dest=f.name, action="append" if f.name in _REPEATED else "store", default=None,
+                           metavar=_METAVARS.get(f.name) or (f"{{{','.join(words)}}}" if words else None), help=_h(f.name))
 
 
-def _read_config(path: str | None) -> dict:
-    from tandem_rlvr.config import ConfigError
-
-    if path is None:
-        return {}
-    import yaml
-
-    from tandem_rlvr.configs import resolve
-
-    p = resolve(path, kind="eval", what="eval config file")  # a file, else a shipped name (paper/eval)
-    data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"eval config file {path!r} must hold a mapping")
-    out = {}
-    for k, v in data.items():
-        key = str(k).replace("-", "_")
-        key = {"seniors": "senior", "benchmarks": "benchmark", "no_curve": "curve"}.get(key, key)
-        if key not in DEFAULTS:
-            raise ConfigError(f"unknown eval config key {k!r} in {path!r}; valid: {', '.join(sorted(DEFAULTS))}")
-        out[key] = (not v) if str(k).replace("-", "_") == "no_curve" else v
-    return out
-
-
-def _senior_map(value) -> dict[str, str]:
-    from tandem_rlvr.config import ConfigError
-
-    if isinstance(value, dict):
-        items = [(str(k), str(v)) for k, v in value.items()]
-    else:
-        items = []
-        for s in [value] if isinstance(value, str) else list(value):
-            s = str(s)
-            name, _, path = s.partition("=")
-            if not path or "/" in name or not name:
-                name, path = "", s
-            items.append((name, path))
-    out: dict[str, str] = {}
-    for name, path in items:
-        base = name or Path(path.rstrip("/")).name or path
-        key, i = base, 2
-        while key in out:
-            key, i = f"{base}_{i}", i + 1
-        out[key] = path
-    if not out:
-        raise ConfigError("eval needs at least one --senior")
-    return out
+def flag_values(args: argparse.Namespace) -> dict:
+    """The options given as flags (field name -> value as typed)."""
+    return {f.name: getattr(args, f.name) for f in fields(EvalOptions) if getattr(args, f.name, None) is not None}
 
 
 def resolve_options(args: argparse.Namespace) -> EvalOptions:
-    """Merge flags > ``--config`` file > defaults, and check them."""
-    import typing
-
-    from tandem_rlvr import preflight
-    from tandem_rlvr.config import ConfigError
-
-    merged = dict(DEFAULTS)
-    merged.update(_read_config(getattr(args, "config", None)))
-    merged.update({k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None})
-    for key in ("senior", "junior", "benchmark"):
-        if not merged[key]:
-            raise ConfigError(f"eval needs --{key} (or {key}: in the --config file)")
-    merged = preflight.typed_eval_values(merged, typing.get_type_hints(EvalOptions) | {"curve": bool})
-    ps = merged.pop("curve_ps")
-    ps = preflight.parse_curve_ps(ps) if merged.pop("curve") else []
-    bench = merged.pop("benchmark")
-    juniors = _senior_map(merged["junior"])
-    merged["junior"] = next(iter(juniors.values()))
-    opts = EvalOptions(juniors=juniors, seniors=_senior_map(merged.pop("senior")), benchmarks=[bench] if isinstance(bench, str) else list(bench),
-                       curve_ps=ps, **merged)
-    checks = [(opts.n >= 1, "n must be >= 1"), (opts.batch_size >= 1, "batch_size must be >= 1"),
-              (opts.max_new_tokens >= 1, "max_new_tokens must be >= 1"), (opts.temperature >= 0, "temperature must be >= 0"),
-              (0 < opts.top_p <= 1 and opts.top_k >= 0, "top_p must be in (0, 1] and top_k >= 0"),
-              (all(0 <= p <= 1 for p in opts.curve_ps), "curve_ps must lie in [0, 1]"),
-              (opts.context > 1 and opts.max_rounds >= 1, "context must be > 1 and max_rounds >= 1"),
-              (opts.engine in ENGINES, f"engine must be {' or '.join(ENGINES)}, got {opts.engine!r}"),
-              (opts.mode in MODES, f"mode must be {' or '.join(MODES)}, got {opts.mode!r}"),
-              (0 < opts.vllm_memory <= 1, "vllm_memory must be in (0, 1]"),
-              (opts.max_context >= 0, "max_context must be >= 0 (0 = each model's own limit)")]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(f"eval: {msg}")
-    return opts
+    """The options of ``tandem-rlvr eval``: flags > ``--config`` file > defaults, checked."""
+    return load_options(getattr(args, "config", None), flag_values(args))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -162,10 +79,17 @@ def _stamp(path: str) -> list:
     return [path]
 
 
+_PROMPT_KEYS = ("subset", "prompt_key", "prompt_template", "system_prompt", "chat_template_kwargs")
+
+
 def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples, junior_path: str | None = None) -> str:
     keys = ("n", "max_new_tokens", "seed", "batch_size", "reward", "curve_ps", "temperature", "top_p", "top_k",
             "max_rounds", "context", "dtype", "device", "engine")  # not mode: both give the same chains
     blob = {k: getattr(opts, k) for k in keys}
+    blob["curve_ps"] = opts.curve_ps if opts.curve else []
+    prompt = {k: getattr(opts, k) for k in _PROMPT_KEYS if getattr(opts, k) != eval_default(k)}
+    if prompt:  # only where set: the parts of a run with the paper's prompt keep their fingerprints
+        blob["prompt"] = prompt
     junior_path = junior_path or opts.junior
     blob.update(senior=[senior_path, _stamp(senior_path)], junior=[junior_path, _stamp(junior_path)], source=source,
                 audit=2,  # 2: bits-per-byte legibility and cross-tokenizer pairs
@@ -188,7 +112,9 @@ def _device_dtype(opts: EvalOptions):
 
 def _load_benchmarks(opts: EvalOptions) -> dict[str, tuple[str, list]]:
     from tandem_rlvr.data import load_examples
+    from tandem_rlvr.prompts import PromptFormat
 
+    fmt = PromptFormat.of(opts.prompt_template, opts.system_prompt, opts.chat_template_kwargs)  # as training's
     out: dict[str, tuple[str, list]] = {}
     for src in opts.benchmarks:
         name = Path(src).stem if Path(src).expanduser().is_file() else src
@@ -196,19 +122,11 @@ def _load_benchmarks(opts: EvalOptions) -> dict[str, tuple[str, list]]:
         while key in out:
             key, i = f"{name}_{i}", i + 1
         ex = load_examples(src, opts.split, problem_key=opts.problem_key, answer_key=opts.answer_key,
-                           id_key=opts.id_key, limit=opts.limit)
+                           id_key=opts.id_key, limit=opts.limit, subset=opts.subset, prompt_key=opts.prompt_key,
+                           prompt_format=fmt, key="eval --benchmark")
         out[key] = (src, list(ex))
         log.info("benchmark %s: %d problems from %s", key, len(out[key][1]), src)
     return out
-
-
-def _pair_kwargs(opts: EvalOptions) -> dict:
-    from tandem_rlvr.evaluation.evaluate import eval_sampling
-
-    return dict(n=opts.n, sampling=eval_sampling(opts.max_new_tokens, opts.temperature, opts.top_p, opts.top_k),
-                seed=opts.seed, curve_ps=opts.curve_ps, batch_size=opts.batch_size, max_rounds=opts.max_rounds,
-                context=opts.context, chunk_tokens=opts.chunk_tokens, score_batch=opts.score_batch,
-                progress=opts.progress, keep_chains=False)
 
 
 def _engine_spec(opts: EvalOptions, path: str, junior_path: str, dtype: str, max_model_len: int | None = None):
@@ -234,8 +152,11 @@ def _engine(opts: EvalOptions, path: str, junior_path: str, dtype: str, tok, sen
 
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
                  junior_name: str = "junior", junior_path: str | None = None, label: str | None = None,
-                 reach: dict | None = None) -> dict:
+                 reach: dict | None = None, settings=None) -> dict:
+    """Every benchmark of one (senior, junior) with the run's ``settings`` (:class:`EvalSettings`, built once from
+    ``opts``); a finished part with the same fingerprint is reused."""
     from tandem_rlvr.evaluation.crosstok import evaluate_any_pair, same_vocabulary, template_kind
+    from tandem_rlvr.evaluation.evaluate import EvalSettings
     from tandem_rlvr.io import AtomicJsonl, atomic_write_json
     from tandem_rlvr.evaluation.metrics import macro_average
     from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
@@ -266,9 +187,9 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
                                   f"and junior {junior_name!r} differ (use --engine hf: the text bridge)")
         t0 = time.perf_counter()
         with AtomicJsonl(chains) as sink:
-            metrics, _ = evaluate_any_pair(senior, junior, tok, junior_tok, examples, scorer=scorer, sink=sink.write,
-                                           labels={"senior": name, "junior": junior_name, "benchmark": bname},
-                                           engine=engine, **_pair_kwargs(opts))
+            metrics, _ = evaluate_any_pair(senior, junior, tok, junior_tok, examples, settings or EvalSettings.of(opts),
+                                           scorer=scorer, sink=sink.write, keep_chains=False, engine=engine,
+                                           labels={"senior": name, "junior": junior_name, "benchmark": bname})
         metrics["time_s"] = time.perf_counter() - t0
         atomic_write_json(part, {"fingerprint": fp, "metrics": metrics})
         per[bname] = metrics
@@ -283,6 +204,7 @@ def _settings(opts: EvalOptions, benches: dict) -> dict:
     import transformers
 
     s = asdict(opts)
+    s["curve_ps"] = opts.curve_ps if opts.curve else []  # the values the curve ran at ([]: none)
     s["benchmarks"] = {k: v[0] for k, v in benches.items()}
     s["ks"] = [k for k in (1, 2, 4, 8) if k <= opts.n]
     s["curve_p1_is_solo"] = 1.0 in opts.curve_ps
@@ -295,7 +217,7 @@ def run_eval(opts: EvalOptions) -> dict:
     from tandem_rlvr.io import atomic_write_json
     from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
     from tandem_rlvr.evaluation.report import write_eval_csv, write_eval_report
-    from tandem_rlvr.evaluation.evaluate import open_scorer
+    from tandem_rlvr.evaluation.evaluate import EvalSettings, open_scorer
     from tandem_rlvr.evaluation.matrix import write_matrix_report
     from tandem_rlvr import preflight
 
@@ -303,9 +225,10 @@ def run_eval(opts: EvalOptions) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = _device_dtype(opts)
     benches = _load_benchmarks(opts)
-    juniors = opts.juniors or {Path(opts.junior.rstrip("/")).name or opts.junior: opts.junior}
+    juniors = opts.juniors
     # every model's config, tokenizer and context, the output directory: before any forward pass
     reach = preflight.check_eval(opts, juniors, benches)
+    settings = EvalSettings.of(opts)  # what every pair and mode reads
     t0 = time.perf_counter()
     results, pairs = {}, {}
     with open_scorer(opts.reward, opts.reward_timeout_s, opts.reward_workers) as scorer:
@@ -316,7 +239,7 @@ def run_eval(opts: EvalOptions) -> dict:
             for name, path in opts.seniors.items():
                 label = f"{name}+{jname}" if len(juniors) > 1 else name
                 results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, jname, jpath,
-                                              label, reach)
+                                              label, reach, settings)
                 pairs[label] = (name, jname)
             del junior
             gc.collect()

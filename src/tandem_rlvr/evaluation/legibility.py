@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from tandem_rlvr.config import eval_default
+from tandem_rlvr.evaluation.options import eval_default
 
-# the evaluation's scoring batch and chunk (documented once, in tandem_rlvr.config.EvalOptions)
+# the evaluation's scoring batch and chunk (documented once, in tandem_rlvr.evaluation.options.EvalOptions)
 SCORE_BATCH, CHUNK_TOKENS = eval_default("score_batch"), eval_default("chunk_tokens")
 
 LN2 = math.log(2.0)
@@ -50,7 +50,7 @@ def _rows(tokenizer, prompts: Sequence[str], texts: Sequence[str], context: int 
 @torch.inference_mode()
 def _nats(model, rows: list[dict], chunk_tokens: int) -> list[float]:
     """Sum of the text tokens' negative log-likelihoods (nats) of each row, one forward per batch."""
-    from tandem_rlvr.evaluation.evaluate import LogitSource, model_device
+    from tandem_rlvr.evaluation.scoring import LogitSource, model_device
 
     device = model_device(model)
     width = max(1, max(len(r["ids"]) for r in rows))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from tandem_rlvr.evaluation.evaluate import eval_sampling, open_scorer, solo_eval, solo_metrics_from_chains
+from tandem_rlvr.evaluation.evaluate import EvalSettings, eval_sampling, open_scorer, solo_eval, solo_metrics_from_chains
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,14 @@ def validate(senior, tokenizer, cfg, step: int, reward_fn: Callable | None = Non
     reward_fn = reward_fn or import_reward(cfg.data.reward)  # a user's function runs in-process, as in training
     # the senior never runs past what it reads (tandem_rlvr.context): longer prompts are skipped, budgets cut there
     limit = model_context("senior", cfg.model.senior, getattr(senior, "config", None), tokenizer, cfg.model.max_context).limit
-    run = dict(n=cfg.val.n, sampling=sampling, seed=cfg.train.seed, batch_size=cfg.rollout.batch_size or 64,
-               context=limit, max_prompt_tokens=cfg.rollout.max_prompt_tokens, engine=engine, shard=shard)
+    settings = EvalSettings(n=cfg.val.n, sampling=sampling, seed=cfg.train.seed, batch_size=cfg.rollout.batch_size or 64,
+                            context=limit, max_prompt_tokens=cfg.rollout.max_prompt_tokens, progress=False)
     try:
         if reward_fn is not None:
-            m, chains = solo_eval(senior, tokenizer, examples, reward_fn=reward_fn, **run)
+            m, chains = solo_eval(senior, tokenizer, examples, settings, reward_fn=reward_fn, engine=engine, shard=shard)
         else:
             with open_scorer(cfg.data.reward, cfg.data.reward_timeout_s, cfg.data.reward_workers) as scorer:
-                m, chains = solo_eval(senior, tokenizer, examples, scorer=scorer, **run)
+                m, chains = solo_eval(senior, tokenizer, examples, settings, scorer=scorer, engine=engine, shard=shard)
     finally:
         if was_training:
             senior.train()
