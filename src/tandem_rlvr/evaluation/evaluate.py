@@ -385,7 +385,7 @@ def evaluate_pair(senior, junior, tokenizer, examples: Sequence, settings: EvalS
     soon as it is graded; ``keep_chains=False`` returns an empty list instead). Grading uses exactly one of
     ``reward_fn(completion, gold)`` or a ``scorer`` with ``.score(texts, golds) -> (rewards, stats)``. The prompt
     plus response never exceeds ``settings.context`` tokens. ``engine``: the rollout engine over the same two
-    models that samples every chain (:func:`tandem_rlvr.engines.factory.eval_engine`; default: in-process
+    models that samples every chain (:func:`tandem_rlvr.engines.factory.build_engine`; default: in-process
     lockstep); it must serve ``none``, ``alternate`` and, for the curve, ``word``. Scoring runs in-process.
     """
     s = (settings or EvalSettings()).but(**changes)
