@@ -33,7 +33,17 @@ SCOPE=(
   "tandem_rlvr.engines.handoff.x${S}Schedule${S}*"               # handoff schedules
   "tandem_rlvr.engines.handoff.x${S}SequenceSchedule${S}*"
   "tandem_rlvr.engines.handoff.x${S}CoinStream${S}*"
-  "tandem_rlvr.engines.handoff.x_step_end__mutmut_*"
+  "tandem_rlvr.engines.schedules.x${S}ScheduleDef${S}*"          # the schedule registry and its rules
+  "tandem_rlvr.engines.schedules.x${S}Param${S}*"
+  "tandem_rlvr.engines.schedules.x_step_end__mutmut_*"
+  "tandem_rlvr.engines.schedules.x_none__mutmut_*"
+  "tandem_rlvr.engines.schedules.x_bernoulli__mutmut_*"
+  "tandem_rlvr.engines.schedules.x_word__mutmut_*"
+  "tandem_rlvr.engines.schedules.x_step__mutmut_*"
+  "tandem_rlvr.engines.schedules.x_alternate__mutmut_*"
+  "tandem_rlvr.engines.schedules.x_chunk__mutmut_*"
+  "tandem_rlvr.engines.schedules.x_sentence__mutmut_*"
+  "tandem_rlvr.engines.schedules.x_config_params__mutmut_*"
   "tandem_rlvr.engines.handoff.x_over_rounds__mutmut_*"
   "tandem_rlvr.engines.handoff.x_make_schedule__mutmut_*"
   "tandem_rlvr.engines.handoff.x_simulate__mutmut_*"
