@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tandem_rlvr.engines.lean_qwen3 import LeanQwen3
+from tandem_rlvr.engines.lean_qwen3 import LeanQwen3, grow_caches, rms_norm, rope, rows_to_keep
 
 __all__ = ["LeanPair", "fits"]
 
@@ -77,29 +77,17 @@ class LeanPair:
         return L
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        return w * xf.to(x.dtype)
+        return rms_norm(x, w, eps)
 
     def _reserve(self, n: int) -> None:
-        cap = self.layers[0].k.shape[3]
-        if n <= cap:
-            return
-        new = max(n, min(self.max_len, cap + max(cap // 2, 64)))
-        for L in self.layers:
-            for name in ("k", "v"):
-                old = getattr(L, name)
-                buf = old.new_empty(*old.shape[:3], new, old.shape[-1])
-                buf[:, :, :, :self.n] = old[:, :, :, :self.n]
-                setattr(L, name, buf)
+        grow_caches(self.layers, self.n, n, self.max_len, seq_dim=3)
 
     def drop_rows(self, live_B: torch.Tensor, below: float = 0.75) -> None:
         """As :meth:`LeanQwen3.drop_rows`, for both models at once."""
-        rows = self.rows if self.rows is not None else torch.arange(self.B, device=live_B.device)
-        keep = live_B[rows].nonzero().squeeze(-1)
-        if keep.numel() == 0 or keep.numel() >= below * rows.numel():
+        kept = rows_to_keep(self.rows, self.B, live_B, below)
+        if kept is None:
             return
-        self.rows = rows[keep]
+        self.rows, keep = kept
         for L in self.layers:
             L.k, L.v = L.k[:, keep], L.v[:, keep]
         self.add_BL = self.add_BL[keep]
@@ -137,8 +125,8 @@ class LeanPair:
         H, Hkv, D = self.H, self.Hkv, self.D
         qkv = torch.matmul(self._rms(x, L.ln1, self.eps).reshape(2, B * Q, h), L.qkv).view(2, B, Q, H + 2 * Hkv, D)
         eps5 = self.eps.view(2, 1, 1, 1, 1)
-        q = _rope(self._rms(qkv[:, :, :, :H], L.qn, eps5).transpose(2, 3), cos, sin)
-        k = _rope(self._rms(qkv[:, :, :, H:H + Hkv], L.kn, eps5).transpose(2, 3), cos, sin)
+        q = rope(self._rms(qkv[:, :, :, :H], L.qn, eps5).transpose(2, 3), cos, sin)
+        k = rope(self._rms(qkv[:, :, :, H:H + Hkv], L.kn, eps5).transpose(2, 3), cos, sin)
         v = qkv[:, :, :, H + Hkv:].transpose(2, 3)
         L.k[:, :, :, a:b], L.v[:, :, :, a:b] = k, v
         kc, vc = L.k[:, :, :, :b].reshape(2 * B, Hkv, b, D), L.v[:, :, :, :b].reshape(2 * B, Hkv, b, D)
@@ -153,7 +141,3 @@ class LeanPair:
         g, u = torch.matmul(self._rms(x, L.ln2, self.eps).reshape(2, B * Q, h), L.gu).chunk(2, -1)
         return x + torch.matmul(F.silu(g) * u, L.down).view(2, B, Q, h)
 
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin

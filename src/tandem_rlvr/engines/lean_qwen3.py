@@ -102,27 +102,10 @@ class LeanQwen3:
         self.add_BL = None
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * xf.to(x.dtype)
-
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x.shape[-1] // 2
-        return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+        return rms_norm(x, w, self.eps)
 
     def _reserve(self, n: int) -> None:
-        """Room for ``n`` cache slots: the cache grows by half its size (at least 64) when full."""
-        cap = self.layers[0].k.shape[2]
-        if n <= cap:
-            return
-        new = max(n, min(self.max_len, cap + max(cap // 2, 64)))
-        for L in self.layers:
-            for name in ("k", "v"):
-                old = getattr(L, name)
-                buf = old.new_empty(*old.shape[:2], new, old.shape[-1])
-                buf[:, :, :self.n] = old[:, :, :self.n]
-                setattr(L, name, buf)
+        grow_caches(self.layers, self.n, n, self.max_len, seq_dim=2)
 
     def set_padding(self, pad_BL: torch.Tensor) -> None:
         """The rows' padding over every cache slot (True = a real token): single-token steps then add a
@@ -134,11 +117,10 @@ class LeanQwen3:
         """Stop computing the rows where ``live_B`` is False once fewer than ``below`` of the rows computed so
         far are live (the cache is compacted then, not per step). Their logits are zeros from then on:
         the caller must not use them (the engine replaces a finished row's tokens by padding)."""
-        rows = self.rows if self.rows is not None else torch.arange(self.B, device=live_B.device)
-        keep = live_B[rows].nonzero().squeeze(-1)
-        if keep.numel() == 0 or keep.numel() >= below * rows.numel():
+        kept = rows_to_keep(self.rows, self.B, live_B, below)
+        if kept is None:
             return
-        self.rows = rows[keep]
+        self.rows, keep = kept
         for L in self.layers:
             L.k, L.v = L.k[keep], L.v[keep]
         if self.add_BL is not None:
@@ -165,8 +147,8 @@ class LeanQwen3:
         x = F.embedding(ids_BQ, self.embed)
         for L in self.layers:
             qkv = F.linear(self._rms(x, L.ln1), L.qkv).view(B, Q, H + 2 * Hkv, D)
-            q = self._rope(self._rms(qkv[:, :, :H], L.qn).transpose(1, 2), cos, sin)
-            k = self._rope(self._rms(qkv[:, :, H:H + Hkv], L.kn).transpose(1, 2), cos, sin)
+            q = rope(self._rms(qkv[:, :, :H], L.qn).transpose(1, 2), cos, sin)
+            k = rope(self._rms(qkv[:, :, H:H + Hkv], L.kn).transpose(1, 2), cos, sin)
             v = qkv[:, :, H + Hkv:].transpose(1, 2)
             L.k[:, :, a:b] = k if expand is None else k[expand]
             L.v[:, :, a:b] = v if expand is None else v[expand]
@@ -189,3 +171,44 @@ class LeanQwen3:
         out = logits.new_zeros(full, *logits.shape[1:])
         out[self.rows] = logits
         return out
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps) -> torch.Tensor:
+    """Qwen3's RMSNorm in float32 (``eps`` a number or a tensor that broadcasts), back in ``x``'s dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding with the halves rotated (transformers' ``rotate_half``)."""
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+
+
+def grow_caches(layers, filled: int, need: int, max_len: int, *, seq_dim: int) -> None:
+    """Room for ``need`` slots in every layer's ``k`` / ``v`` (slots on ``seq_dim``): a full cache grows by half
+    its size (at least 64, at most ``max_len``), the ``filled`` slots copied over."""
+    cap = layers[0].k.shape[seq_dim]
+    if need <= cap:
+        return
+    new = max(need, min(max_len, cap + max(cap // 2, 64)))
+    for L in layers:
+        for name in ("k", "v"):
+            old = getattr(L, name)
+            shape = list(old.shape)
+            shape[seq_dim] = new
+            buf = old.new_empty(shape)
+            buf.narrow(seq_dim, 0, filled).copy_(old.narrow(seq_dim, 0, filled))
+            setattr(L, name, buf)
+
+
+def rows_to_keep(rows, batch: int, live_B: torch.Tensor, below: float):
+    """``(rows still computed, their positions among the current ones)`` once fewer than ``below`` of the rows
+    computed so far (``rows``; None: all ``batch``) are live; None while enough are (or none is)."""
+    rows = rows if rows is not None else torch.arange(batch, device=live_B.device)
+    keep = live_B[rows].nonzero().squeeze(-1)
+    if keep.numel() == 0 or keep.numel() >= below * rows.numel():
+        return None
+    return rows[keep], keep
+
