@@ -48,8 +48,8 @@ def _rows(n, offset=0):
             for i in range(offset, offset + n)]
 
 
-def _story_dir(tmp_path, monkeypatch, model_dirs) -> None:
-    """The user's fresh directory (the current one from here on): config.yaml and reward.py, and the "Hub"
+def _story_dir(tmp_path, monkeypatch, model_dirs):
+    """The user's fresh directory (returned, and the current one from here on): config.yaml and reward.py, and the "Hub"
     dataset in a local datasets cache."""
     cache = tmp_path / "hf-cache"
     cache_hub_dataset(cache, "myorg/chat-math", {"train": _rows(4), "test": _rows(2, offset=10)})
@@ -59,6 +59,7 @@ def _story_dir(tmp_path, monkeypatch, model_dirs) -> None:
     (exp / "reward.py").write_text(REWARD_PY, encoding="utf-8")
     (exp / "config.yaml").write_text(CONFIG_YAML.format(senior=model_dirs[0], junior=model_dirs[1]), encoding="utf-8")
     monkeypatch.chdir(exp)
+    return exp
 
 
 def test_hub_chat_dataset_and_reward_file_beside_the_config(tmp_path, monkeypatch, model_dirs, tokenizer):
@@ -89,7 +90,7 @@ def test_one_training_step_from_the_story_config(tmp_path, monkeypatch, model_di
     from tandem_rlvr import data
     from tandem_rlvr.cli import main
 
-    _story_dir(tmp_path, monkeypatch, model_dirs)
+    exp = _story_dir(tmp_path, monkeypatch, model_dirs)
     rendered = []
     original = data.render_prompt
     monkeypatch.setattr(data, "render_prompt", lambda tok, p: rendered.append(original(tok, p)) or rendered[-1])
