@@ -37,12 +37,17 @@ class FakeApi:
 
     calls: list = []
     fail: Exception | None = None
+    public_repos: set = set()  # repositories that already exist and are public
 
     def __init__(self, token=None, **_kw):
         FakeApi.calls.append(("init", {"token": token}))
 
     def create_repo(self, repo_id, **kw):
         FakeApi.calls.append(("create_repo", {"repo_id": repo_id, **kw}))
+
+    def repo_info(self, repo_id, **kw):
+        FakeApi.calls.append(("repo_info", {"repo_id": repo_id, **kw}))
+        return type("ModelInfo", (), {"private": repo_id not in FakeApi.public_repos})()
 
     def create_branch(self, repo_id, **kw):
         FakeApi.calls.append(("create_branch", {"repo_id": repo_id, **kw}))
@@ -65,7 +70,7 @@ class FakeApi:
 def fake_hub(monkeypatch):
     import huggingface_hub
 
-    FakeApi.calls, FakeApi.fail = [], None
+    FakeApi.calls, FakeApi.fail, FakeApi.public_repos = [], None, set()
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     return FakeApi
 
@@ -185,13 +190,15 @@ def test_push_uploads_the_weights_and_the_card_only(run, eval_dir, tmp_path, cap
                            "--private", "--revision", "dev")
     assert code == 0, err
     kinds = [k for k, _ in fake_hub.calls]
-    assert kinds == ["init", "create_repo", "create_branch", "upload_folder"]
+    assert kinds == ["init", "create_repo", "repo_info", "create_branch", "upload_folder"]
     calls = dict(fake_hub.calls)
     assert calls["init"]["token"] == SECRET
     assert calls["create_repo"] == {"repo_id": "me/tiny-trlvr", "private": True, "exist_ok": True, "repo_type": "model"}
     assert calls["create_branch"]["branch"] == "dev" and calls["create_branch"]["exist_ok"] is True
     up = calls["upload_folder"]
     assert up["repo_id"] == "me/tiny-trlvr" and up["revision"] == "dev"
+    # weights an earlier push left (a single file beside a new sharded index, .bin) go in the same commit
+    assert {"*.safetensors", "*.safetensors.index.json", "*.bin"} <= set(up["delete_patterns"])
     expected = {"README.md", "model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json", "adapter/adapter_model.safetensors", "adapter/adapter_config.json"}
     assert expected <= set(up["files"]), up["files"]
@@ -307,3 +314,15 @@ def test_bad_repo_id_and_missing_folders(run, tmp_path, capsys):
     assert code == 2 and "best does not exist" in err and "val.every" in err
     code, _, err = _push(capsys, tmp_path, "me/x", "--dry-run", "--staging", tmp_path / "s")
     assert code == 2 and "not a run directory" in err
+
+
+def test_private_push_to_an_existing_public_repository_is_refused(run, tmp_path, capsys, fake_hub, monkeypatch):
+    """create_repo(private=True, exist_ok=True) leaves an existing public repository public: --private checks the
+    repository's visibility and uploads nothing to a public one."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    fake_hub.public_repos = {"me/open"}
+    code, _, err = _push(capsys, run, "me/open", "--staging", tmp_path / "s", "--private")
+    assert code == 2 and "already exists and is public" in err and "nothing was uploaded" in err
+    assert "upload_folder" not in [k for k, _ in fake_hub.calls]
+    code, _, err = _push(capsys, run, "me/open", "--staging", tmp_path / "s")  # without --private: as asked
+    assert code == 0, err

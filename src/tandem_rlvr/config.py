@@ -261,6 +261,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         reward_path(cfg.data, p.resolve().parent)  # a reward.py beside the config file (others: the cwd)
     if overrides:
         merge(cfg, parse_overrides(overrides))
+        reward_path(cfg.data, Path.cwd())  # a relative reward file given on the command line: from the cwd
     cfg.train.out_dir = os.path.expanduser(cfg.train.out_dir)  # once, here: the run, preflight and resume agree
     validate(cfg)
     return cfg

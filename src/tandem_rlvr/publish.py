@@ -313,6 +313,11 @@ def hf_token() -> str:
     return token
 
 
+# weight files an earlier push may have left in the repository: removed in the same commit unless this push
+# uploads them (a single-file model.safetensors beside a new sharded index would be loaded instead of it)
+STALE_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "*.pt", "*.pth")
+
+
 def _upload_errors() -> tuple[type[BaseException], ...]:
     """What a failed Hub call raises: its HTTP errors (also the HTTP client's own, which the Hub's errors
     module imports), file errors, and ``ValueError`` (a bad revision or YAML)."""
@@ -329,11 +334,15 @@ def upload(plan: PushPlan, token: str, *, private: bool = False, revision: str |
     api = HfApi(token=token)
     try:
         api.create_repo(plan.repo_id, private=True if private else None, exist_ok=True, repo_type="model")
+        if private and not getattr(api.repo_info(plan.repo_id, repo_type="model"), "private", False):
+            raise TandemError(f"--private: {plan.repo_id} already exists and is public (create_repo does not change "
+                              "an existing repository's visibility); make it private on the Hub first, or push "
+                              "without --private; nothing was uploaded")
         if revision and revision != "main":
             api.create_branch(plan.repo_id, branch=revision, exist_ok=True, repo_type="model")
         info = api.upload_folder(repo_id=plan.repo_id, folder_path=str(plan.staging), repo_type="model",
                                  revision=revision, allow_patterns=[*plan.files, "README.md"],
-                                 ignore_patterns=[STAGING_MARKER],
+                                 ignore_patterns=[STAGING_MARKER], delete_patterns=list(STALE_WEIGHTS),
                                  commit_message=f"tandem-rlvr push: the senior's {plan.folder.name}/ and its model card")
     except _upload_errors() as e:
         msg = " ".join(str(e).replace(token, "***").split())

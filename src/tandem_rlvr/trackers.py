@@ -92,9 +92,11 @@ def naming_checks(train) -> list:
     ]
 
 
-def run_ids(run_dir: Path, names: list) -> dict:
+def run_ids(run_dir: Path, names: list, *, fresh: bool = False) -> dict:
     """The tracker run ids kept in ``run_dir/trackers.json`` (``{"wandb": {"id": ...}}``), drawn and written
-    (atomically) on a tracker's first start in this run directory."""
+    (atomically) on a tracker's first start in this run directory, and drawn anew on a ``fresh`` start
+    (no checkpoint: an earlier attempt's logged steps would otherwise stay in the tracker's run, which
+    keeps the first value of a step it sees again)."""
     path = Path(run_dir) / IDS_FILE
     ids: dict = {}
     if path.exists():
@@ -105,7 +107,7 @@ def run_ids(run_dir: Path, names: list) -> dict:
         if not isinstance(ids, dict):
             raise TandemError(f"{path} is not a JSON object of tracker run ids; delete it to open new tracker "
                               "runs (wandb) for this run directory")
-    if "wandb" in names and not isinstance(ids.get("wandb"), dict):
+    if "wandb" in names and (fresh or not isinstance(ids.get("wandb"), dict)):
         alphabet = string.ascii_lowercase + string.digits  # wandb's own ids: 8 of these
         ids["wandb"] = {"id": "".join(secrets.choice(alphabet) for _ in range(8))}
         atomic_write_json(path, ids)
@@ -117,7 +119,7 @@ def init_kwargs(train, run_dir: Path, start_step: int) -> dict:
     name, group and tags; TensorBoard's ``purge_step`` (the first step this attempt logs)."""
     out: dict = {}
     if "wandb" in train.trackers:
-        w = {"id": run_ids(run_dir, train.trackers)["wandb"]["id"], "resume": "allow",
+        w = {"id": run_ids(run_dir, train.trackers, fresh=start_step == 0)["wandb"]["id"], "resume": "allow",
              "name": train.run_name or Path(run_dir).resolve().name}
         if train.group:
             w["group"] = train.group

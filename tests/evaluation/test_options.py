@@ -166,3 +166,31 @@ def test_a_finished_part_is_reused_only_under_the_same_prompt_keys(tmp_path):
     assert fp(plain) == fp(same) == "dc3887f123400264e339bf4f9932acc51b0c1baaa5bcf49bc49a94505ddfe23a"
     assert fp(no_curve) == "c3ba0f89b841b75d518374b9ab64e5edc835982baef93720b8dab13764cdc7e1"
     assert fp(plain) != fp(other)
+
+
+def test_a_run_senior_trained_on_other_prompts_is_warned_about(tmp_path, caplog):
+    """eval of a run's final/ (or a checkpoint) whose config.yaml trained with a system prompt the evaluation does
+    not render: one warning naming the key and the flag; none when the options match or for a folder of no run."""
+    import logging
+
+    import yaml
+
+    from tandem_rlvr.evaluation.eval_cli import _warn_other_prompt
+    from tandem_rlvr.evaluation.options import EvalOptions
+
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "checkpoints" / "step-2").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": {"system_prompt": "Be brief.", "prompt_template": ""}}))
+    (tmp_path / "plain").mkdir()
+    caplog.set_level(logging.WARNING)
+    for folder in (run / "final", run / "checkpoints" / "step-2"):
+        caplog.clear()
+        _warn_other_prompt(EvalOptions(), "s", str(folder))
+        assert "data.system_prompt" in caplog.text and "--system-prompt" in caplog.text
+        assert "prompt_template" not in caplog.text  # empty in both: the same
+    caplog.clear()
+    _warn_other_prompt(EvalOptions(system_prompt="Be brief."), "s", str(run / "final"))
+    _warn_other_prompt(EvalOptions(), "s", str(tmp_path / "plain"))
+    _warn_other_prompt(EvalOptions(), "s", "org/model")
+    assert caplog.text == ""

@@ -53,6 +53,16 @@ def test_override_path_is_read_from_the_current_directory(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     cfg = load_config(_config(tmp_path / "exp", "math"), ["data.reward=mine.py:exact"])
     assert import_reward(cfg.data.reward)("x 3", "3") == 1.0
+    # saved absolute: the run's config.yaml and a resume from another directory read the same file
+    assert cfg.data.reward == f"{tmp_path / 'mine.py'}:exact"
+
+
+def test_a_module_reward_that_fails_to_import_is_one_line(tmp_path, monkeypatch):
+    """package.module:function whose module raises (not only ImportError) is the same one-line error."""
+    (tmp_path / "badmod.py").write_text("x = undefined_name\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TandemError, match=r"^data\.reward 'badmod:f' cannot be imported: NameError: "):
+        import_reward("badmod:f")
 
 
 @pytest.mark.parametrize(

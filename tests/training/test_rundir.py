@@ -110,6 +110,32 @@ def test_restart_refuses_a_foreign_file_names_it_and_deletes_nothing(tmp_path, f
     assert _tree(run) == before
 
 
+@pytest.mark.parametrize("files", [["samples.jsonl"], ["metrics.jsonl", "notes.txt"], ["config.yaml", "samples.jsonl"],
+                                   ["data/train.jsonl"]])
+def test_a_fresh_run_refuses_a_folder_that_holds_no_run_and_changes_nothing(tmp_path, files):
+    """A fresh start (no checkpoint, no --restart) rewrites config.yaml and drops metrics.jsonl and samples.jsonl:
+    a folder holding a user's files of those names without a run's config.yaml (or anything else) is refused."""
+    run = tmp_path / "run"
+    _make(run, files)
+    before = _tree(run)
+    with pytest.raises(TandemError, match="not a tandem-rlvr run's file") as e:
+        rundir.prepare(run, _cfg(run), restart=False)
+    assert "\n" not in str(e.value) and "train.out_dir" in str(e.value)
+    assert _tree(run) == before
+
+
+def test_a_fresh_run_starts_over_an_attempt_that_stopped_before_its_first_checkpoint(tmp_path):
+    """The folder of an attempt killed before its first checkpoint (its config.yaml, metrics, samples, lock) is a
+    run's own: a fresh start proceeds; an empty or missing folder too."""
+    run = tmp_path / "run"
+    cfg = _cfg(run)
+    assert rundir.prepare(run, cfg, restart=False) is None  # missing folder
+    (run / "samples.jsonl").write_text("{}\n")
+    (run / "run.lock").write_text("")
+    assert rundir.prepare(run, cfg, restart=False) is None
+    assert (run / "config.yaml").is_file()
+
+
 def test_aim_folder_is_a_runs_own_when_its_config_names_the_tracker(tmp_path):
     run = tmp_path / "run"
     _make(run, [".aim/meta/x", "metrics.jsonl"])

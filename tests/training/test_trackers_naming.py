@@ -212,3 +212,18 @@ def test_the_cli_writes_a_readable_log_file(tmp_path, model_dirs):
     assert steps == ["2", "4"], text
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in samples] == [2, 2, 4, 4] and all(r["turns"] for r in samples)
+
+
+def test_a_start_from_step_zero_opens_a_new_wandb_run_and_a_resume_the_same(tmp_path):
+    """An attempt that stopped before its first checkpoint starts again from step 0: its steps would be shadowed
+    by the old wandb run's (wandb keeps the first value of a step), so it draws a new id; a resume keeps it."""
+    from types import SimpleNamespace
+
+    from tandem_rlvr.trackers import init_kwargs
+
+    train = SimpleNamespace(trackers=["wandb"], run_name="", group="", tags=[])
+    first = init_kwargs(train, tmp_path, 0)["wandb"]["id"]
+    resumed = init_kwargs(train, tmp_path, 3)["wandb"]["id"]
+    again = init_kwargs(train, tmp_path, 0)["wandb"]["id"]
+    assert resumed == first and again != first
+    assert init_kwargs(train, tmp_path, 5)["wandb"]["id"] == again

@@ -212,6 +212,34 @@ def _settings(opts: EvalOptions, benches: dict) -> dict:
     return s
 
 
+PROMPT_KEYS = ("prompt_template", "system_prompt", "chat_template_kwargs", "prompt_key")
+
+
+def _warn_other_prompt(opts: EvalOptions, name: str, path: str) -> None:
+    """A senior saved by a run (``final/``, ``best/`` or a checkpoint, its run's ``config.yaml`` one or two folders
+    up) that trained on other prompts than this evaluation renders: one warning naming the keys (a senior trained
+    with a system prompt or template is evaluated with the same options: ``--system-prompt``, ...)."""
+    import yaml
+
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        return
+    for up in local.resolve().parents[:2]:
+        cfg = up / "config.yaml"
+        if not cfg.is_file():
+            continue
+        try:
+            data = (yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}).get("data") or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+            return
+        differ = [k for k in PROMPT_KEYS if k in data and (data[k] or None) != (getattr(opts, k) or None)]
+        if differ:
+            log.warning("senior %r was trained with other prompts than this evaluation renders (%s in %s differ "
+                        "from the eval options): pass the same --%s to evaluate it on its own prompts", name,
+                        ", ".join(f"data.{k}" for k in differ), cfg, " / --".join(k.replace("_", "-") for k in differ))
+        return
+
+
 def run_eval(opts: EvalOptions) -> dict:
     """Run a whole evaluation; returns the ``eval.json`` object (also written with the other outputs)."""
     from tandem_rlvr.io import atomic_write_json
@@ -228,6 +256,8 @@ def run_eval(opts: EvalOptions) -> dict:
     juniors = opts.juniors
     # every model's config, tokenizer and context, the output directory: before any forward pass
     reach = preflight.check_eval(opts, juniors, benches)
+    for name, path in opts.seniors.items():
+        _warn_other_prompt(opts, name, path)
     settings = EvalSettings.of(opts)  # what every pair and mode reads
     t0 = time.perf_counter()
     results, pairs = {}, {}

@@ -121,8 +121,8 @@ def import_reward(spec: str):
         mod_name, _, attr = spec.partition(":")
         try:
             module, where = importlib.import_module(mod_name), mod_name
-        except ImportError as e:
-            raise TandemError(f"data.reward {spec!r} cannot be imported: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the user's module: a missing name, a SyntaxError, its own error
+            raise TandemError(f"data.reward {spec!r} cannot be imported: {type(e).__name__}: {e}") from None
     fn = getattr(module, attr, None) if attr else None
     if fn is None:
         defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -141,7 +141,7 @@ def _import_file(spec: str, path: str):
     import sys
     from pathlib import Path
 
-    file = Path(path).expanduser().absolute()
+    file = Path(path).expanduser().resolve()  # a/../r.py and r.py (or a link to it) are one module
     if not file.is_file():
         raise TandemError(f"data.reward {spec!r}: no such file {str(file)!r}")
     name = f"tandem_rlvr_user_reward_{file.stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:10]}"

@@ -77,9 +77,38 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
                 f"run directory {str(run_dir)!r} holds a run with a different config ({'; '.join(changed[:5])}); "
                 "pass --restart to start over or choose another train.out_dir"
             )
+    if resume_from is None and not restart:
+        _check_fresh(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     return resume_from
+
+
+def _check_fresh(run_dir: Path) -> None:
+    """A fresh start rewrites ``config.yaml`` and drops an unfinished attempt's ``metrics.jsonl`` and
+    ``samples.jsonl``: only in a folder that is empty or holds a run's own files and a ``config.yaml`` a run
+    wrote (every section of the config); anything else there is one line naming it, and nothing is changed."""
+    if not run_dir.is_dir():
+        return
+    entries = sorted(e for e in run_dir.iterdir() if e.name != runlock.LOCK_NAME)
+    if not entries:
+        return
+    culprit = first_foreign(run_dir)
+    if culprit is None and not _ours(run_dir / "config.yaml"):
+        culprit = run_dir / "config.yaml" if (run_dir / "config.yaml").exists() else entries[0]
+    if culprit is not None:
+        raise TandemError(f"train.out_dir {str(run_dir)!r} holds {culprit.name!r}, which is not a tandem-rlvr run's "
+                          "file; a new run would overwrite or delete what is there: choose an empty or new train.out_dir "
+                          "(nothing was changed)")
+
+
+def _ours(path: Path) -> bool:
+    """``path`` is a config a run saved: YAML with every section of :class:`~tandem_rlvr.config.Config`."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and set(Config().to_dict()) <= set(data)
 
 
 def open_run(run_dir: Path, cfg: Config, restart: bool) -> tuple[runlock.RunLock, Path | None]:
