@@ -43,6 +43,7 @@ from tandem_rlvr.engines.types import Rollout, Sampling
 from tandem_rlvr.evaluation import metrics as M
 from tandem_rlvr.evaluation.options import eval_default
 from tandem_rlvr.evaluation.scoring import chain_scores, drift_kl, junior_legibility, model_device
+from tandem_rlvr.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,8 @@ def open_scorer(reward: str, timeout_s: float = eval_default("reward_timeout_s")
 
 
 def batch_seed(seed: int, tag: str, b: int) -> int:
-    return (int(seed) * 1_000_003 + zlib.crc32(tag.encode()) * 7919 + b * 104_729) % (2**31 - 1)
+    """The sampling seed of batch ``b`` of the run ``tag`` (a mode: solo, handoff, a curve point)."""
+    return derive_seed(seed, zlib.crc32(tag.encode()), b)
 
 
 @dataclass(frozen=True)
