@@ -152,7 +152,7 @@ class ValConfig:
     limit: int = _f(64, "Validation problems used (0 = all).", ge=0, note="0 = all")
     max_new_tokens: int = _f(0, "Validation budget (0 = rollout.max_new_tokens).", ge=0)
     select: str = _f("pass@1", "The validation metric whose best value picks best/: pass@K with K <= val.n (the paper's authors: pass@4 of 4 samples per problem). best/best.json records the metric, its value and the step.")
-    temperature: float = _f(0.7, "Validation sampling temperature (0 = greedy). Default: the evaluation's (METHOD.md section 5); the paper's authors validated at 0.6.", ge=0)
+    temperature: float = _f(0.7, "Validation sampling temperature (0 = greedy). Default: the evaluation's (docs/evaluation.md); the paper's authors validated at 0.6.", ge=0)
     top_p: float = _f(0.8, "Validation nucleus threshold. Default: the evaluation's; the paper's authors: 0.95.", gt=0, le=1)
     top_k: int = _f(20, "Validation top-k (0 = off). Default: the evaluation's; the paper's authors: 0 (off).", ge=0)
 
