@@ -242,12 +242,19 @@ def parse_overrides(overrides: list[str]) -> dict:
         value = yaml.safe_load(raw) if raw.strip() not in ("", "~") else raw.strip()
         if isinstance(value, str) and value.strip().lower() in ("none", "null"):
             value = None
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
+        set_dotted(out, key, value)
     return out
+
+
+def set_dotted(tree: dict, dotted: str, value) -> dict:
+    """Set ``tree["a"]["b"] = value`` for ``dotted="a.b"``, creating the missing levels; returns ``tree``.
+    The one reading of a dotted key: command-line overrides and the demo plan's overrides."""
+    *parents, leaf = dotted.strip().split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return tree
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> Config:
