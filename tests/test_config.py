@@ -139,3 +139,13 @@ def test_word_values_and_booleans_as_typed():
         load_config(None, [*BASE, "train.fsdp=on"])
     with pytest.raises(ConfigError, match="train.fsdp"):
         load_config(None, [*BASE, "train.fsdp=maybe"])
+
+
+def test_one_reading_of_a_dotted_key_for_the_command_line_and_the_demo_plan():
+    from tandem_rlvr.config import parse_overrides, set_dotted
+
+    tree = {"algo": {"lr": 1.0, "arm": "grpo"}}
+    assert set_dotted(tree, "algo.lr", 2e-5) is tree
+    assert set_dotted(tree, " handoff.p", 0.3) == {"algo": {"lr": 2e-5, "arm": "grpo"}, "handoff": {"p": 0.3}}
+    assert parse_overrides(["algo.lr=0.5", "handoff.p=0.3", "algo.arm=grpo"]) == {
+        "algo": {"lr": 0.5, "arm": "grpo"}, "handoff": {"p": 0.3}}

@@ -152,7 +152,7 @@ class ValConfig:
     limit: int = _f(64, "Validation problems used (0 = all).", ge=0, note="0 = all")
     max_new_tokens: int = _f(0, "Validation budget (0 = rollout.max_new_tokens).", ge=0)
     select: str = _f("pass@1", "The validation metric whose best value picks best/: pass@K with K <= val.n (the paper's authors: pass@4 of 4 samples per problem). best/best.json records the metric, its value and the step.")
-    temperature: float = _f(0.7, "Validation sampling temperature (0 = greedy). Default: the evaluation's (METHOD.md section 5); the paper's authors validated at 0.6.", ge=0)
+    temperature: float = _f(0.7, "Validation sampling temperature (0 = greedy). Default: the evaluation's (docs/evaluation.md); the paper's authors validated at 0.6.", ge=0)
     top_p: float = _f(0.8, "Validation nucleus threshold. Default: the evaluation's; the paper's authors: 0.95.", gt=0, le=1)
     top_k: int = _f(20, "Validation top-k (0 = off). Default: the evaluation's; the paper's authors: 0 (off).", ge=0)
 
@@ -242,12 +242,19 @@ def parse_overrides(overrides: list[str]) -> dict:
         value = yaml.safe_load(raw) if raw.strip() not in ("", "~") else raw.strip()
         if isinstance(value, str) and value.strip().lower() in ("none", "null"):
             value = None
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
+        set_dotted(out, key, value)
     return out
+
+
+def set_dotted(tree: dict, dotted: str, value) -> dict:
+    """Set ``tree["a"]["b"] = value`` for ``dotted="a.b"``, creating the missing levels; returns ``tree``.
+    The one reading of a dotted key: command-line overrides and the demo plan's overrides."""
+    *parents, leaf = dotted.strip().split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return tree
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> Config:

@@ -11,7 +11,7 @@ import torch
 
 from helpers.tiny_models import CORPUS, GLUE_NL, bias_token, make_tiny_model
 from tandem_rlvr.engines.handoff import STEP_END, CoinStream, SequenceSchedule, make_schedule
-from tandem_rlvr.engines.turns import (TurnRules, chains_to_rollout, encode_texts, fit_context, make_side, run_turns,
+from tandem_rlvr.engines.turns import (TurnRules, chains_to_rollout, encode_texts, truncate_to_context, make_side, run_turns,
                                        senior_used, start_chains)
 from tandem_rlvr.engines.types import Sampling
 
@@ -157,7 +157,7 @@ def test_a_turn_that_never_ends_stops_at_the_budget(tokenizer):
 
 def test_fit_context_truncates_from_the_left_and_keeps_half_for_the_turn():
     seqs = [list(range(10)), [1, 2]]
-    assert fit_context(seqs, [4, 4], None) == (seqs, [4, 4], 0)
-    assert fit_context(seqs, [4, 4], 8) == ([[6, 7, 8, 9], [1, 2]], [4, 4], 1)
-    assert fit_context(seqs, [10, 3], 8) == ([[6, 7, 8, 9], [1, 2]], [4, 3], 1)  # a turn keeps at most half
-    assert fit_context([[1, 2, 3]], [1], 2) == ([[3]], [1], 1)
+    assert truncate_to_context(seqs, [4, 4], None) == (seqs, [4, 4], 0)
+    assert truncate_to_context(seqs, [4, 4], 8) == ([[6, 7, 8, 9], [1, 2]], [4, 4], 1)
+    assert truncate_to_context(seqs, [10, 3], 8) == ([[6, 7, 8, 9], [1, 2]], [4, 3], 1)  # a turn keeps at most half
+    assert truncate_to_context([[1, 2, 3]], [1], 2) == ([[3]], [1], 1)

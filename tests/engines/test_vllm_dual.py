@@ -178,7 +178,7 @@ def test_the_processor_never_reads_a_placeholder_as_a_token():
     params = SimpleNamespace(extra_args={"tandem": args})
     proc.update_state(SimpleNamespace(removed=[], added=[(0, params, None, out)], moved=[]))
     fed: list[int] = []
-    sched = proc.rows[0][2]
+    sched = proc.rows[0].sched
     real_feed = sched.feed
     sched.feed = lambda tok: (fed.append(tok), real_feed(tok))
     proc.apply(torch.zeros(1, 2 * V + 1))

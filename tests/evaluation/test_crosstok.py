@@ -364,3 +364,19 @@ def test_both_vocabularies_read_one_settings_object_and_write_one_record_and_met
     for m in (cross, same):
         assert (m["n_samples"], m["n_chains"], set(m["curve"])) == (2, 2 * len(PROBLEMS), {"0.5"})
     assert cross["solo_pass@1"] == same["solo_pass@1"], "the senior's solo chains do not depend on the junior"
+
+
+def test_a_rope_scaled_model_reads_the_same_context_in_evaluation_and_training():
+    """The bridged evaluation reads a model's limit through :func:`tandem_rlvr.context.model_context`,
+    as preflight and validation do: a yarn x4 config reads 8192 positions in both, not its raw 4096."""
+    from types import SimpleNamespace
+
+    from tandem_rlvr.context import model_context
+    from tandem_rlvr.evaluation.crosstok import read_limit
+
+    cfg = SimpleNamespace(max_position_embeddings=4096,
+                          rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048})
+    model = SimpleNamespace(config=cfg)
+    assert read_limit("senior", model) == model_context("senior", "m", cfg).limit == 8192
+    assert read_limit("senior", model, 5000) == 5000  # --context caps it
+    assert read_limit("junior", SimpleNamespace(config=None), 300) == 300

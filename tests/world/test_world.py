@@ -81,7 +81,7 @@ def test_style_detector_and_grader():
     assert P.jargon_rate([]) == 0.0
     assert plain.count("\n\n") == 6 and jargon.count("\n\n") == 3
     assert jargon.count("<<") == 6  # every operation as a calculator note, two per step
-    assert P.extract_boxed(r"so \boxed{3} then \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert P.world_boxed(r"so \boxed{3} then \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
     assert not P.is_correct("no box", 3) and not P.is_correct(r"\boxed{x}", 3)
 
 

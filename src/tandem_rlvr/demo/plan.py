@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tandem_rlvr.config import load_config
+from tandem_rlvr.config import load_config, set_dotted
 from tandem_rlvr.world.registry import DEFAULT_WORLD, WORLDS, get_world
 
 __all__ = ["FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "plans", "run_names",
@@ -92,9 +92,5 @@ def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir:
         "val": {"data": f"{source}/val", "every": plan.val_every, "n": plan.val_n, "limit": plan.val_problems},
     }
     for dotted, value in plan.overrides.items():
-        node = base
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+        set_dotted(base, dotted, value)
     return load_config(base=base)

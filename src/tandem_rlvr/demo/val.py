@@ -21,6 +21,7 @@ def senior_alone(senior, junior, tok, examples, scorer, *, n: int, max_new_token
     rate, and the junior's view of them (exact KL and CE, teacher-forced)."""
     from tandem_rlvr.data import encode_prompts
     from tandem_rlvr.evaluation.evaluate import chain_scores, eval_sampling
+    from tandem_rlvr.engines.base import PromptBatch
     from tandem_rlvr.engines.handoff import make_schedule
     from tandem_rlvr.models import eos_ids
     from tandem_rlvr.engines.rollout import generate
@@ -30,12 +31,8 @@ def senior_alone(senior, junior, tok, examples, scorer, *, n: int, max_new_token
 
     keep, prompts = encode_prompts(tok, examples, max_prompt_tokens=256, what="senior-alone validation")
     rows = [i for i in range(len(prompts)) for _ in range(n)]
-    width = max(len(prompts[i]) for i in rows)
-    ids_BP = torch.full((len(rows), width), int(tok.pad_token_id), dtype=torch.long)
-    mask_BP = torch.zeros_like(ids_BP)
-    for r, i in enumerate(rows):  # left padding
-        ids_BP[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
-        mask_BP[r, width - len(prompts[i]):] = 1
+    batch = PromptBatch.left_padded([prompts[i] for i in rows], tok.pad_token_id)
+    ids_BP, mask_BP = batch.ids_BP, batch.mask_BP
     was_training = senior.training
     senior.eval()
     try:

@@ -7,8 +7,8 @@ parameters and the token table its rule reads. Its randomness comes from a :clas
 the same seed and token stream give the same authors). It decides, after each token:
 
 - **who writes first**: the senior for deterministic schedules (``none``, ``alternate``), else coin 0;
-- **when a coin falls**: where the definition's rule says so (METHOD.md §2; each rule's docstring in
-  :mod:`tandem_rlvr.engines.schedules`): ``none`` never, ``bernoulli`` after every token, ``word`` after each
+- **when a coin falls**: where the definition's rule says so (docs/engines.md "Handoff schedules"; each
+  rule's docstring in :mod:`tandem_rlvr.engines.schedules`): ``none`` never, ``bernoulli`` after every token, ``word`` after each
   word-start token or ``max_gap`` tokens without one, ``step`` / ``alternate`` at each step end, ``chunk``
   after every ``chunk_size`` tokens, ``sentence`` after each sentence end or ``max_gap`` tokens without one;
 - **where a step ends**: at the token that completes the first ``"\\n\\n"`` of the current step:

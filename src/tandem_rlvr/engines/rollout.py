@@ -3,7 +3,7 @@
 Both models read the same growing token history. Each keeps its own KV cache, the current author's
 distribution is sampled, and ``owner_BT`` records 1 where the senior wrote the token and 0 where the
 junior did. The history is never re-encoded at a switch. Two ways to keep the models in step
-(``generate(..., mode=...)``; DESIGN.md "The dual decoder"), which give the same tokens, owners and
+(``generate(..., mode=...)``; docs/engines.md "The in-process engine"), which give the same tokens, owners and
 log-probs for the same seed:
 
 - ``lockstep`` (default): at every step both models take the newest token. One senior and one junior

@@ -177,7 +177,7 @@ def step_end(nl2, starts_nl, turn_nl):
     return nl2 | (turn_nl & starts_nl)
 
 
-# -- the built-in schedules (METHOD.md §2) ----------------------------------------------------------------
+# -- the built-in schedules (docs/engines.md "Handoff schedules") -------------------------------------------
 
 
 @register_schedule("none", level="solo", authors="senior")

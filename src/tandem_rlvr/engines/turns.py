@@ -37,7 +37,7 @@ from tandem_rlvr.engines.types import Rollout, Sampling, rollout_from_rows, samp
 from tandem_rlvr.errors import BridgeError
 
 __all__ = ["Chain", "Side", "Stream", "Turn", "TurnRules", "chains_to_rollout", "decode_turn", "encode_texts",
-           "fit_context", "make_side", "run_turns", "senior_token_owner", "senior_used", "start_chains"]
+           "truncate_to_context", "make_side", "run_turns", "senior_token_owner", "senior_used", "start_chains"]
 
 
 @dataclass
@@ -188,8 +188,8 @@ def run_turns(sides: tuple[Side, Side], prompt_ids: tuple[list[list[int]], list[
             if not rows:
                 continue
             history = encode_texts(side.tokenizer, [chains[b].text for b in rows])
-            seqs, caps, cut = fit_context([prompt_ids[who][b] + h for b, h in zip(rows, history)],
-                                          [chains[b].remaining for b in rows], rules.contexts[who])
+            seqs, caps, cut = truncate_to_context([prompt_ids[who][b] + h for b, h in zip(rows, history)],
+                                                  [chains[b].remaining for b in rows], rules.contexts[who])
             truncations += cut
             turns = decode_turn(side, seqs, caps, sampling, gen, [chains[b].sched for b in rows])
             texts = [_turn_text(side, t, step_level) for t in turns]
@@ -282,7 +282,7 @@ def _turn_text(side: Side, turn: Turn, step_level: bool) -> str:
     return text[:cut + len(STEP_END)] if cut >= 0 else text
 
 
-def fit_context(seqs: list[list[int]], caps: list[int], context: int | None) -> tuple[list, list, int]:
+def truncate_to_context(seqs: list[list[int]], caps: list[int], context: int | None) -> tuple[list, list, int]:
     """Left-truncate each input so that input + turn fits ``context`` (a turn keeps at least half of it);
     returns ``(seqs, caps, how many inputs were cut)``."""
     if context is None:

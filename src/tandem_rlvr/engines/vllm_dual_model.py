@@ -27,13 +27,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
 from tandem_rlvr.engines.vllm_dual import shared_ids
+
+if TYPE_CHECKING:
+    from tandem_rlvr.engines.handoff import SequenceSchedule
 
 ARCH = "TandemForCausalLM"
 __all__ = ["ARCH", "TandemForCausalLM", "TandemLogitsProcessor", "register", "REFUSED"]
@@ -165,6 +170,17 @@ def _row_state(args: dict, tables: dict, coins: dict):
     return SequenceSchedule(schedule, coins[ckey], args["b"])
 
 
+@dataclass
+class _Row:
+    """One tandem request in the running batch: its ``extra_args['tandem']``, vLLM's live list of its output
+    ids, its schedule and how many of those ids the schedule has been fed."""
+
+    args: dict
+    out: list
+    sched: SequenceSchedule
+    fed: int = 0
+
+
 class TandemLogitsProcessor(V1LogitsProcessor):
     """Masks the non-author's half of each tandem request's logits (see the module docstring)."""
 
@@ -173,7 +189,7 @@ class TandemLogitsProcessor(V1LogitsProcessor):
         self.V = int(getattr(hf, "tandem_vocab", 0) or 0)
         self.tables: dict = {}
         self.coins: dict = {}
-        self.rows: dict[int, list] = {}  # batch index -> [args, output ids (live list), schedule, tokens fed]
+        self.rows: dict[int, _Row] = {}  # batch index -> its request
         if self.V:
             from transformers import AutoTokenizer
 
@@ -201,7 +217,7 @@ class TandemLogitsProcessor(V1LogitsProcessor):
                 self.rows.pop(index, None)
             for index, params, _prompt, output_ids in batch_update.added:
                 args = params.extra_args["tandem"]
-                self.rows[index] = [args, output_ids, _row_state(args, self.tables, self.coins), 0]
+                self.rows[index] = _Row(args, output_ids, _row_state(args, self.tables, self.coins))
             for a, b, kind in batch_update.moved:
                 ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
                 if ra is not None:
@@ -211,18 +227,18 @@ class TandemLogitsProcessor(V1LogitsProcessor):
         if not self.rows:
             self.coins.clear()
 
-    def _catch_up(self, row: list) -> None:
+    def _catch_up(self, row: _Row) -> None:
         """Feed the schedule the request's new tokens, up to the first placeholder (``-1``: a token vLLM has not
         copied to the host yet; the engine turns async scheduling off, this keeps a placeholder from ever
         being read as a token)."""
-        args, out, sched, fed = row
-        for tok in out[fed:]:
+        fed = row.fed
+        for tok in row.out[fed:]:
             if tok < 0:
                 break
             if tok != 2 * self.V:
-                sched.feed(tok - self.V if tok >= self.V else tok)
+                row.sched.feed(tok - self.V if tok >= self.V else tok)
             fed += 1
-        row[3] = fed
+        row.fed = fed
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
@@ -230,8 +246,8 @@ class TandemLogitsProcessor(V1LogitsProcessor):
         senior, junior, stop = [], [], []
         for index, row in self.rows.items():
             self._catch_up(row)
-            sched = row[2]
-            (stop if sched.over(row[0]["max_rounds"]) else senior if sched.author else junior).append(index)
+            sched = row.sched
+            (stop if sched.over(row.args["max_rounds"]) else senior if sched.author else junior).append(index)
         V, neg = self.V, float("-inf")
         if senior:
             logits[senior, V:] = neg

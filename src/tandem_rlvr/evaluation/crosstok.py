@@ -35,6 +35,7 @@ from functools import partial
 import torch
 
 from tandem_rlvr.config import HandoffConfig
+from tandem_rlvr.context import model_context
 from tandem_rlvr.engines.bridge import make_side, tokenizers_differ
 from tandem_rlvr.engines.handoff import Schedule
 from tandem_rlvr.engines.turns import Side, TurnRules, chains_to_rollout, encode_texts, run_turns, start_chains
@@ -64,10 +65,11 @@ def template_kind(tokenizer) -> str:
     return "chat" if getattr(tokenizer, "chat_template", None) else "plain"
 
 
-def model_context(model, limit: int | None = None) -> int | None:
-    """The positions ``model`` can read (``max_position_embeddings``), capped at ``limit``."""
-    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    vals = [int(v) for v in (n, limit) if v]
+def read_limit(role: str, model, cap: int | None = None) -> int | None:
+    """The positions ``model`` reads, as :func:`tandem_rlvr.context.model_context` decides them for
+    training and preflight (rope scaling included), capped at ``cap`` (the evaluation's ``--context``)."""
+    known = model_context(role, type(model).__name__, getattr(model, "config", None)).limit
+    vals = [int(v) for v in (known, cap) if v]
     return min(vals) if vals else None
 
 
@@ -162,7 +164,7 @@ def _cross_pair(senior, junior, s_tok, j_tok, examples, settings, **io) -> tuple
     job = make_job(senior, None, s_tok, examples, settings, **io)
     solo = run_mode(job, "solo", make_schedule("none"))
     sides = (make_side(senior, s_tok, eos_ids(s_tok, senior)), make_side(junior, j_tok))
-    contexts = (model_context(senior, settings.context), model_context(junior))
+    contexts = (read_limit("senior", senior, settings.context), read_limit("junior", junior))
     hand, stops, trunc = _run_bridge_mode(job, sides, "handoff",
                                           partial(bridge_handoff, max_rounds=settings.max_rounds, contexts=contexts))
     out = team_metrics(job, solo, hand)

@@ -1,4 +1,4 @@
-"""Evaluation (METHOD.md §5): solo, step handoff, communication tax, handoff-rate curve, legibility, drift.
+"""Evaluation (docs/evaluation.md): solo, step handoff, communication tax, handoff-rate curve, legibility, drift.
 
 For each benchmark and senior:
 
@@ -43,6 +43,7 @@ from tandem_rlvr.engines.types import Rollout, Sampling
 from tandem_rlvr.evaluation import metrics as M
 from tandem_rlvr.evaluation.options import eval_default
 from tandem_rlvr.evaluation.scoring import chain_scores, drift_kl, junior_legibility, model_device
+from tandem_rlvr.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ __all__ = [
 
 def eval_sampling(max_new_tokens: int = eval_default("max_new_tokens"), temperature: float = eval_default("temperature"),
                   top_p: float = eval_default("top_p"), top_k: int = eval_default("top_k")) -> Sampling:
-    """The evaluation decoding of METHOD §5 (temperature 0.7, top_p 0.8, top_k 20, 3000 tokens)."""
+    """The evaluation decoding of the paper's protocol: temperature 0.7, top_p 0.8, top_k 20, 3000 tokens (docs/evaluation.md)."""
     return Sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
 
 
@@ -62,7 +63,7 @@ def eval_sampling(max_new_tokens: int = eval_default("max_new_tokens"), temperat
 class EvalSettings:
     """How an evaluation samples, grades and scores: built once from the options (:meth:`of`) and passed through
     every mode, for a pair with one vocabulary and one without alike. The defaults are the options' (documented
-    once, in :class:`~tandem_rlvr.evaluation.options.EvalOptions`; METHOD.md §5). ``curve_ps`` empty: no
+    once, in :class:`~tandem_rlvr.evaluation.options.EvalOptions`; docs/evaluation.md). ``curve_ps`` empty: no
     handoff-rate curve; ``context`` None: no limit on prompt + response; ``max_prompt_tokens``: longer prompts
     are skipped (also those over ``context - 1``)."""
 
@@ -133,7 +134,8 @@ def open_scorer(reward: str, timeout_s: float = eval_default("reward_timeout_s")
 
 
 def batch_seed(seed: int, tag: str, b: int) -> int:
-    return (int(seed) * 1_000_003 + zlib.crc32(tag.encode()) * 7919 + b * 104_729) % (2**31 - 1)
+    """The sampling seed of batch ``b`` of the run ``tag`` (a mode: solo, handoff, a curve point)."""
+    return derive_seed(seed, zlib.crc32(tag.encode()), b)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.evaluation.options import eval_default
 
 # the evaluation's scoring batch and chunk (documented once, in tandem_rlvr.evaluation.options.EvalOptions)
@@ -53,13 +54,8 @@ def _nats(model, rows: list[dict], chunk_tokens: int) -> list[float]:
     from tandem_rlvr.evaluation.scoring import LogitSource, model_device
 
     device = model_device(model)
-    width = max(1, max(len(r["ids"]) for r in rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r["ids"]:
-            ids[i, width - len(r["ids"]):] = torch.tensor(r["ids"], dtype=torch.long)
-            mask[i, width - len(r["ids"]):] = 1
+    batch = PromptBatch.left_padded([r["ids"] for r in rows], 0)
+    ids, mask, width = batch.ids_BP, batch.mask_BP, batch.ids_BP.shape[1]
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     rows_N, cols_N = [], []
     for i, r in enumerate(rows):

@@ -6,7 +6,7 @@ the same YAML reading, the same coercion of each value to its field's type
 (:mod:`tandem_rlvr.config_values`), the same allowed values declared beside each field and checked by
 :func:`tandem_rlvr.config_bounds.check_fields`; flags win over the file, the file over the defaults. An option
 the training config has too reuses that field's documentation, default and allowed values
-(:func:`tandem_rlvr.config.reuse`), with the evaluation's own default where METHOD.md §5 sets one.
+(:func:`tandem_rlvr.config.reuse`), with the evaluation's own default where the paper's evaluation protocol sets one.
 
 A file may spell a key with ``-`` or ``_`` and name a list by its flag (``senior``, ``junior``,
 ``benchmark``) or by its field (``seniors``, ...); ``no_curve: true`` is ``curve: false``. This module

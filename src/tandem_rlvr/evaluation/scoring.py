@@ -1,6 +1,6 @@
-"""Teacher-forced scoring of sampled chains (METHOD.md §5, legibility and drift): the junior's per-token
-cross-entropy and top-1 accuracy, and KL(senior || junior), batched over chains and chunked over tokens so the
-vocabulary-sized work stays within ``chunk_tokens`` rows at a time."""
+"""Teacher-forced scoring of sampled chains (legibility and drift, docs/evaluation.md "What it measures"):
+the junior's per-token cross-entropy and top-1 accuracy, and KL(senior || junior), batched over chains and
+chunked over tokens so the vocabulary-sized work stays within ``chunk_tokens`` rows at a time."""
 
 from __future__ import annotations
 

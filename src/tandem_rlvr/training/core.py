@@ -6,7 +6,7 @@ on. In the tandem arm the caller passes ``response_mask * senior_owner``, so jun
 condition the senior through attention) get exactly zero gradient. A loss mask that is missing, badly
 shaped, non-binary or all-zero is an error, never a silent fall-back.
 
-Conventions matched to TRL 1.16 ``GRPOTrainer`` (checked by ``tests/test_trl_parity.py``):
+Conventions matched to TRL 1.16 ``GRPOTrainer`` (checked by ``tests/training/test_trl_parity.py``):
 
 * group std is the *unbiased* (Bessel, ``n - 1``) std, as TRL's ``nanstd``; TRL's advantage epsilon is
   ``1e-4`` (hard-coded), ours defaults to ``1e-6`` and is an argument;

@@ -29,6 +29,7 @@ from tandem_rlvr.training import core, dist, fsdp, preempt, rundir
 from tandem_rlvr.training.arms import arm_plan, check_senior_frac, loss_mask
 from tandem_rlvr.training.build import RunParts, build_run
 from tandem_rlvr.training.ownership import check_ownership
+from tandem_rlvr.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -431,7 +432,7 @@ def _num(v) -> float:
 
 
 def _step_seed(seed: int, step: int) -> int:
-    return (int(seed) * 1_000_003 + int(step) * 7919) % (2**31 - 1)
+    return derive_seed(seed, step)
 
 
 def improves(best: float | None, value: float) -> bool:

@@ -286,8 +286,14 @@ def jargon_rate(texts) -> float:
     return sum(is_jargon(t) for t in texts) / len(texts) if texts else 0.0
 
 
-def extract_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (balanced braces), or None."""
+def world_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` opener (balanced braces), or None.
+
+    Not :func:`tandem_rlvr.rewards.extract_boxed`, on purpose: this is the world's own grader, which
+    checks a world build (probes, warm starts) independently of the rewards it is built to test, and
+    the world may not import ``rewards`` (tests/test_structure.py). It reads only the world's own
+    ``\\boxed{<integer>}`` endings: the last opener, no ``\\fbox``, bare ``\\boxed x``, escaped braces
+    or box-in-box unwrapping, which the reward's extractor handles for model text in general."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
@@ -301,7 +307,7 @@ def extract_boxed(text: str) -> str | None:
 
 def is_correct(completion: str, answer: str | int) -> bool:
     """Exact integer check of the last boxed answer (an independent, math-verify-free grader)."""
-    got = extract_boxed(completion)
+    got = world_boxed(completion)
     if got is None or not re.fullmatch(r"-?\d+", got):
         return False
     return int(got) == int(answer)
