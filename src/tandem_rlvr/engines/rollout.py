@@ -18,17 +18,11 @@ With schedule ``none`` and ``record_junior=False`` the junior is not run at all.
 Sampling uses its own generator and the schedule's coins another, so a p = 1 tandem rollout samples
 token-for-token what a solo rollout with the same seed samples.
 
-Speed (profiled on CPU with tiny models, where per-op overhead and memory traffic dominate): on
-models with full attention and ``sdpa`` (Llama/Qwen/Mistral-style), on the devices in
-``FAST_PATH_DEVICES`` (CPU; not yet checked on GPUs), each model's KV cache is a
-preallocated buffer written in place (no ``torch.cat`` of the whole cache per token), the attention
-mask is a slice of one preallocated 4-D mask (no mask rebuilt per forward), and on CPU grouped-query
-attention runs in SDPA with ``enable_gqa`` instead of ``repeat_kv`` copying every cached key and value
-per layer per token. Those three were O(context) copies per token, i.e. quadratic in the response
-length. Other models take a generic path (``DynamicCache`` and a 2-D mask). A self-paired LoRA junior
-(``models.AdapterOff``) has its adapter switched off by flag around each forward instead of through
-``peft``'s ``disable_adapter()`` (which scans the whole model, ~5 ms a call). :func:`gqa_attention`
-offers the attention change to other callers (e.g. training forwards on left-padded batches).
+Speed: on the devices in ``FAST_PATH_DEVICES`` (CPU) each model's KV cache is a preallocated buffer, the
+mask a slice of one preallocated mask, grouped-query attention runs inside SDPA, plain Qwen3s decode with
+:mod:`tandem_rlvr.engines.lean_qwen3` (both models as one in lockstep: :mod:`tandem_rlvr.engines.lean_pair`);
+other models take a generic path. Why each exists and how it is tested: docs/engines.md, "The in-process
+engine" and "The CPU fast path for small Qwen3s".
 """
 
 from __future__ import annotations
