@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tandem_rlvr.engines.lean_qwen3 import LeanQwen3, grow_caches, rms_norm, rope, rows_to_keep
+from tandem_rlvr.engines.lean_qwen3 import LeanQwen3, all_rows, drop_rows, grow_caches, live_inputs, rms_norm, rope
 
 __all__ = ["LeanPair", "fits"]
 
@@ -84,21 +84,12 @@ class LeanPair:
 
     def drop_rows(self, live_B: torch.Tensor, below: float = 0.75) -> None:
         """As :meth:`LeanQwen3.drop_rows`, for both models at once."""
-        kept = rows_to_keep(self.rows, self.B, live_B, below)
-        if kept is None:
-            return
-        self.rows, keep = kept
-        for L in self.layers:
-            L.k, L.v = L.k[:, keep], L.v[:, keep]
-        self.add_BL = self.add_BL[keep]
+        drop_rows(self, live_B, below, batch_dim=1)
 
     def forward(self, ids_BQ: torch.Tensor, pos_BQ: torch.Tensor, mask: torch.Tensor, keep: int) -> torch.Tensor:
         """Both models' logits ``(2, B, keep, V)`` of the last ``keep`` of the ``Q`` new tokens; ``mask`` as
         :meth:`LeanQwen3.forward`'s (the same for both: they read the same padded history)."""
-        full = None
-        if self.rows is not None:
-            full, ids_BQ, pos_BQ = ids_BQ.shape[0], ids_BQ[self.rows], pos_BQ[self.rows]
-            mask = mask[self.rows] if mask.shape[0] == full else mask
+        ids_BQ, pos_BQ, mask = live_inputs(self.rows, ids_BQ, pos_BQ, mask)
         B, Q = ids_BQ.shape
         H, Hkv, D = self.H, self.Hkv, self.D
         a, b = self.n, self.n + Q
@@ -114,11 +105,7 @@ class LeanPair:
         self.n = b
         x = self._rms(x[:, :, Q - keep:], self.norm, self.eps)
         logits = torch.matmul(x.reshape(2, B * keep, -1), self.head_T).view(2, B, keep, -1)
-        if full is None:
-            return logits
-        out = logits.new_zeros(2, full, *logits.shape[2:])
-        out[:, self.rows] = logits
-        return out
+        return all_rows(logits, self.rows, self.B, dim=1)
 
     def _block(self, L: _Layer2, x, cos, sin, mask2, a: int, b: int, grouped: bool) -> torch.Tensor:
         _, B, Q, h = x.shape

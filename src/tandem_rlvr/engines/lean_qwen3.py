@@ -117,23 +117,13 @@ class LeanQwen3:
         """Stop computing the rows where ``live_B`` is False once fewer than ``below`` of the rows computed so
         far are live (the cache is compacted then, not per step). Their logits are zeros from then on:
         the caller must not use them (the engine replaces a finished row's tokens by padding)."""
-        kept = rows_to_keep(self.rows, self.B, live_B, below)
-        if kept is None:
-            return
-        self.rows, keep = kept
-        for L in self.layers:
-            L.k, L.v = L.k[keep], L.v[keep]
-        if self.add_BL is not None:
-            self.add_BL = self.add_BL[keep]
+        drop_rows(self, live_B, below, batch_dim=0)
 
     def forward(self, ids_BQ: torch.Tensor, pos_BQ: torch.Tensor, mask: torch.Tensor, keep: int,
                 expand: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``(B, keep, V)``; see the class docstring. ``expand`` (first call only): ``ids_BQ`` are
         the distinct prompts and row ``i`` of the batch is prompt ``expand[i]`` (read once, cached per row)."""
-        full = None
-        if self.rows is not None:
-            full, ids_BQ, pos_BQ = ids_BQ.shape[0], ids_BQ[self.rows], pos_BQ[self.rows]
-            mask = mask[self.rows] if mask.shape[0] == full else mask
+        ids_BQ, pos_BQ, mask = live_inputs(self.rows, ids_BQ, pos_BQ, mask)
         B, Q = ids_BQ.shape
         H, Hkv, D = self.H, self.Hkv, self.D
         a, b = self.n, self.n + Q
@@ -166,11 +156,7 @@ class LeanQwen3:
         self.n = b
         x = x[:, Q - keep:]
         logits = F.linear(self._rms(x if expand is None else x[expand], self.norm), self.head)
-        if full is None:
-            return logits
-        out = logits.new_zeros(full, *logits.shape[1:])
-        out[self.rows] = logits
-        return out
+        return all_rows(logits, self.rows, self.B, dim=0)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps) -> torch.Tensor:
@@ -203,12 +189,37 @@ def grow_caches(layers, filled: int, need: int, max_len: int, *, seq_dim: int) -
             setattr(L, name, buf)
 
 
-def rows_to_keep(rows, batch: int, live_B: torch.Tensor, below: float):
-    """``(rows still computed, their positions among the current ones)`` once fewer than ``below`` of the rows
-    computed so far (``rows``; None: all ``batch``) are live; None while enough are (or none is)."""
-    rows = rows if rows is not None else torch.arange(batch, device=live_B.device)
+def drop_rows(dec, live_B: torch.Tensor, below: float, *, batch_dim: int) -> None:
+    """:meth:`LeanQwen3.drop_rows` of a decoder ``dec`` (its ``rows``, ``B``, ``layers`` with caches holding the
+    batch on ``batch_dim``, ``add_BL``): once fewer than ``below`` of the rows computed so far are live (and
+    some are), keep only the live ones."""
+    rows = dec.rows if dec.rows is not None else torch.arange(dec.B, device=live_B.device)
     keep = live_B[rows].nonzero().squeeze(-1)
     if keep.numel() == 0 or keep.numel() >= below * rows.numel():
-        return None
-    return rows[keep], keep
+        return
+    dec.rows = rows[keep]
+    for L in dec.layers:
+        L.k, L.v = L.k.index_select(batch_dim, keep), L.v.index_select(batch_dim, keep)
+    if dec.add_BL is not None:
+        dec.add_BL = dec.add_BL[keep]
+
+
+def live_inputs(rows, ids_BQ: torch.Tensor, pos_BQ: torch.Tensor, mask: torch.Tensor):
+    """The rows still computed (``rows``; None: all) of a forward's full-batch inputs; a mask that broadcasts
+    over the batch is kept as it is."""
+    if rows is None:
+        return ids_BQ, pos_BQ, mask
+    return ids_BQ[rows], pos_BQ[rows], mask[rows] if mask.shape[0] == ids_BQ.shape[0] else mask
+
+
+def all_rows(logits: torch.Tensor, rows, full: int, *, dim: int) -> torch.Tensor:
+    """``logits`` of the computed ``rows`` (on ``dim``) back in a batch of ``full`` rows, zeros for the dropped
+    ones; as it is when every row was computed (``rows`` None)."""
+    if rows is None:
+        return logits
+    shape = list(logits.shape)
+    shape[dim] = full
+    out = logits.new_zeros(shape)
+    out.index_copy_(dim, rows, logits)
+    return out
 
