@@ -17,15 +17,24 @@ from helpers.trainers import word_trainer as _trainer
 
 
 def test_a_small_word_run_trains_through_its_sampling_noise(tmp_path, tokenizer, models):
-    """The issue's reproduction: 3 steps of 4 prompts x 4 rollouts x 32 tokens, word handoffs, p = 0.5, on a seed
-    whose token share leaves p +- 0.2 (seed 42 of the first 48 under the inverse-CDF sampler; seeds 0-41 stay inside)."""
-    tr = _trainer(tmp_path, tokenizer, models, "train.seed=42")
+    """The issue's reproduction: 3 steps of 4 prompts x 4 rollouts x 32 tokens, word handoffs, p = 0.5, where the
+    senior writes long words (a bias toward a token that continues a word) and the junior short ones (toward
+    a word start): the token share leaves p +- 0.2 by construction, not by a lucky seed."""
+    import copy
+
+    from helpers.tiny_models import bias_token
+
+    vocab = tokenizer.get_vocab()
+    inner = next(i for t, i in sorted(vocab.items()) if t.isalpha() and len(t) > 2)  # continues a word
+    start = next(i for t, i in sorted(vocab.items()) if t.startswith("\u0120") and t[1:].isalpha())  # starts one
+    senior, junior = (copy.deepcopy(m) for m in models)
+    tr = _trainer(tmp_path, tokenizer, (bias_token(senior, inner, 6.0), bias_token(junior, start, 6.0)))
     tr.train()
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     shares = [r["rollout/senior_token_frac"] for r in rows]
-    # this seed's token share leaves p +- 0.2 (the old default band, which stopped the run here) ...
-    assert any(abs(s - 0.5) > 0.2 for s in shares), shares
+    # the token share leaves p +- 0.2 (the old default band, which stopped the run here) ...
+    assert all(s > 0.75 for s in shares), shares
     for r in rows:  # ... while the coins, whose expectation is p whatever the word lengths, stay in their band
         n, share = r["rollout/coins"], r["rollout/senior_coin_frac"]
         assert n >= 16 and abs(share - 0.5) <= coin_tolerance(int(n), 16 * 32)
