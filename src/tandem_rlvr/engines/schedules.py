@@ -178,64 +178,81 @@ def step_end(nl2, starts_nl, turn_nl):
 
 
 # -- the built-in schedules (docs/engines.md "Handoff schedules") -------------------------------------------
+# Registered by calling the decorator after each rule rather than with ``@``: mutmut does not mutate decorated
+# functions, and these rules are in `make mutate`'s scope. A new schedule may use either form.
 
 
-@register_schedule("none", level="solo", authors="senior")
 def none(f, gap, carry, prm):
     """No handoff: the senior writes everything (a vanilla GRPO rollout)."""
     return gap < 0, None
 
 
-@register_schedule("bernoulli", turn_tokens=lambda gap, prm: 1)
+register_schedule("none", level="solo", authors="senior")(none)
+
+
 def bernoulli(f, gap, carry, prm):
     """A fresh coin before every token."""
     return gap > 0, None
 
 
-@register_schedule("word", flags=("boundary",), params=(MAX_GAP,), turn_tokens=lambda gap, prm: prm["max_gap"] - gap,
-                   table_problem=lambda has: None if has("boundary") else
-                   f"has no word-start tokens (none starts with {WORD_MARKERS})")
+register_schedule("bernoulli", turn_tokens=lambda gap, prm: 1)(bernoulli)
+
+
 def word(f, gap, carry, prm):
     """A coin after each word-start token (byte-level ``Ġ``, SentencePiece ``▁`` or a leading space), or after
     ``max_gap`` tokens without one. Paper: p = 0.5, K = 32."""
     return f["boundary"] | (gap >= prm["max_gap"]), None
 
 
-@register_schedule("step", level="step", flags=("nl2", "starts_nl", "ends_nl"))
+register_schedule("word", flags=("boundary",), params=(MAX_GAP,), turn_tokens=lambda gap, prm: prm["max_gap"] - gap,
+                  table_problem=lambda has: None if has("boundary") else
+                  f"has no word-start tokens (none starts with {WORD_MARKERS})")(word)
+
+
 def step(f, gap, carry, prm):
     """A coin at each step end: the token that completes the first ``"\\n\\n"`` of the current step (one holding
     it, or one starting with ``"\\n"`` right after one of the same step ending with ``"\\n"``)."""
     return step_end(f["nl2"], f["starts_nl"], carry), f["ends_nl"]
 
 
-@register_schedule("alternate", level="step", authors="alternate", flags=("nl2", "starts_nl", "ends_nl"))
+register_schedule("step", level="step", flags=("nl2", "starts_nl", "ends_nl"))(step)
+
+
 def alternate(f, gap, carry, prm):
     """Like ``step``, but the author always changes (the senior writes the first step)."""
     return step_end(f["nl2"], f["starts_nl"], carry), f["ends_nl"]
 
 
-@register_schedule("chunk", params=(CHUNK_SIZE,), turn_tokens=lambda gap, prm: prm["chunk_size"] - gap)
+register_schedule("alternate", level="step", authors="alternate", flags=("nl2", "starts_nl", "ends_nl"))(alternate)
+
+
 def chunk(f, gap, carry, prm):
     """A coin after every ``chunk_size`` tokens."""
     return gap >= prm["chunk_size"], None
 
 
+register_schedule("chunk", params=(CHUNK_SIZE,), turn_tokens=lambda gap, prm: prm["chunk_size"] - gap)(chunk)
+
+
 _SENTENCE_END = re.compile(r"[.!?]\s")
 
 
-@register_schedule(
-    "sentence", flags=("sentence_end", "starts_space", "ends_stop"), params=(MAX_GAP,),
-    token_flags={"sentence_end": lambda raw, text: bool(_SENTENCE_END.search(text)),
-                 "starts_space": lambda raw, text: raw.startswith(WORD_MARKERS) or text[:1].isspace(),
-                 "ends_stop": lambda raw, text: text.endswith((".", "!", "?"))},
-    turn_tokens=lambda gap, prm: prm["max_gap"] - gap,
-    table_problem=lambda has: None if has("ends_stop") or has("sentence_end") else "has no token ending with . ! or ?")
 def sentence(f, gap, carry, prm):
     """A coin after the token that completes a sentence end, a ``.``, ``!`` or ``?`` followed by whitespace: a
     token whose text holds one (``".\\n"``), or a token starting with whitespace (``" The"``, ``"\\n"``) right
     after one of the same turn ending with the mark; or after ``max_gap`` tokens without one."""
     end = f["sentence_end"] | (carry & f["starts_space"])
     return end | (gap >= prm["max_gap"]), f["ends_stop"]
+
+
+register_schedule(
+    "sentence", flags=("sentence_end", "starts_space", "ends_stop"), params=(MAX_GAP,),
+    token_flags={"sentence_end": lambda raw, text: bool(_SENTENCE_END.search(text)),
+                 "starts_space": lambda raw, text: raw.startswith(WORD_MARKERS) or text[:1].isspace(),
+                 "ends_stop": lambda raw, text: text.endswith((".", "!", "?"))},
+    turn_tokens=lambda gap, prm: prm["max_gap"] - gap,
+    table_problem=lambda has: None if has("ends_stop") or has("sentence_end") else "has no token ending with . ! or ?",
+)(sentence)
 
 
 SCHEDULES = schedule_names()  # the built-in schedules (handoff.schedule's choices)
