@@ -14,7 +14,8 @@ from tandem_rlvr.demo.report import METRICS
 # --quick draws 2 samples per problem, so pass@k exists for k <= 2 only
 EVAL_KEYS = [k for k, *_ in METRICS if k != "solo_pass@4"] + ["curve", "solo_pass@2", "n_problems"]
 CURVE_KEYS = ("step", "reward/mean", "rollout/senior_token_frac", "kl/senior_junior", "rollout/jargon_rate")
-SENIOR_KEYS = ("senior/solo_pass@1", "senior/jargon_rate", "senior/kl_exact", "senior/junior_ce")
+SENIOR_KEYS = ("senior/solo_pass@1", f"senior/solo_pass@{QUICK.val_n}", "senior/jargon_rate", "senior/kl_exact",
+               "senior/junior_ce")
 RUNS = run_names(QUICK)
 
 
@@ -49,6 +50,12 @@ def test_demo_quick_writes_every_output(quick_demo, tmp_path, world, monkeypatch
         assert val_steps == list(range(QUICK.val_every, QUICK.steps + 1, QUICK.val_every)), run
         assert (out / "chains" / f"{run}-seed0.jsonl").is_file()
     assert set(results["senior_alone_step0"]) == set(SENIOR_KEYS)
+    assert results["warm_start"]["checkpoint_step"] == 0
+    for run in RUNS:  # the evaluated checkpoint, by hand from the recorded validation rows: best pass@2, earliest on ties
+        vals = [(r["step"], r[f"senior/solo_{QUICK.select}"]) for r in results["curves"][run]["0"]
+                if f"senior/solo_{QUICK.select}" in r]
+        top = max(v for _, v in vals)
+        assert results["arms"][run]["0"]["checkpoint_step"] == min(s for s, v in vals if v == top), (run, vals)
     # kl_reg at each beta really trained with that beta
     for beta in QUICK.kl_betas:
         cfg = (out / "runs" / f"kl_reg@{float(beta):g}-seed0" / "config.yaml").read_text()

@@ -94,6 +94,7 @@ def _train_and_evaluate(ctx: JobContext, job: tuple, progress: bool) -> tuple[li
         if run is None:
             metrics = _evaluate(w["warm"], w["junior"], w["tok"], w["test"], plan, scorer, 0, "warm_start",
                                 chains / "warm_start.jsonl", progress, ctx.world)
+            metrics["checkpoint_step"] = 0
             if plan.val_every:
                 metrics["senior_alone"] = senior_alone(w["warm"], w["junior"], w["tok"], w["val"], scorer,
                                                        n=plan.val_n, max_new_tokens=plan.max_new_tokens, style_rate=rate)
@@ -102,11 +103,13 @@ def _train_and_evaluate(ctx: JobContext, job: tuple, progress: bool) -> tuple[li
         cfg = train_config(run, seed, run_dir, plan, ctx.senior_dir, ctx.junior_dir, progress=progress, world=ctx.world)
         parts = build_run(cfg, pair=Pair(copy.deepcopy(w["warm"]), w["junior"], w["tok"]), examples=w["train"],
                           restart=True, text_metrics=partial(_jargon_metrics, world=ctx.world))
-        tr = DemoTrainer(cfg, parts, val_examples=w["val"], scorer=scorer, val_n=plan.val_n, style_rate=rate)
+        tr = DemoTrainer(cfg, parts, val_examples=w["val"], scorer=scorer, val_n=plan.val_n, style_rate=rate,
+                         select=plan.select if plan.val_every else None)
         tr.train()
-        senior = tr.acc.unwrap_model(tr.senior).eval()
+        senior = tr.load_best().eval()  # the paper's protocol: the best validation checkpoint (else the final step)
         metrics = _evaluate(senior, w["junior"], w["tok"], w["test"], plan, scorer, 1000 + seed,
                             f"{run}-seed{seed}", chains / f"{run}-seed{seed}.jsonl", progress, ctx.world)
+        metrics["checkpoint_step"] = tr.best_val["step"] if tr.best_val else tr.step
         return _curve_rows(run_dir), metrics
 
 
@@ -188,8 +191,8 @@ def _steps_logged(out: Path, job: tuple) -> int:
 
 def _curve_rows(run_dir: Path) -> list[dict]:
     keep = ("step", "reward/mean", "rollout/senior_token_frac", "kl/senior_junior", "rollout/jargon_rate",
-            "train/loss", "time/step_s", "senior/solo_pass@1", "senior/jargon_rate", "senior/kl_exact",
-            "senior/junior_ce")
+            "train/loss", "time/step_s", "senior/solo_pass@1", "senior/solo_pass@2", "senior/solo_pass@4",
+            "senior/jargon_rate", "senior/kl_exact", "senior/junior_ce")
     return [{k: r[k] for k in keep if k in r} for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 

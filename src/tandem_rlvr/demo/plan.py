@@ -32,14 +32,16 @@ class DemoPlan:
     lr: float = 1e-4
     kl_betas: tuple = (0.01, 0.1, 1.0)  # the kl_reg ablation's sweep, from too weak to too strong
     val_every: int = 5  # senior-alone validation every this many steps (0: off)
-    val_problems: int = 16
-    val_n: int = 2
+    val_problems: int = 32
+    val_n: int = 4
+    select: str = "pass@4"  # the evaluated checkpoint: best validation pass@K (the paper's); "" = the final step
+    loss_type: str = "dapo"  # token mean over the step's loss tokens (the paper's configs); "grpo": per-sequence mean
     overrides: dict = field(default_factory=dict)
 
 
 FULL = DemoPlan()
 QUICK = DemoPlan(seeds=1, steps=6, prompts_per_step=8, group_size=4, eval_problems=16, eval_n=2,
-                 curve_ps=(1.0, 0.5), val_every=3, val_problems=8)
+                 curve_ps=(1.0, 0.5), val_every=3, val_problems=8, val_n=2, select="pass@2")
 
 
 def plans(world: str = DEFAULT_WORLD) -> tuple[DemoPlan, DemoPlan]:
@@ -81,7 +83,7 @@ def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir:
     arm, beta, source = *split_run(run), get_world(world).source
     base = {
         "model": {"senior": senior_dir, **({"junior": junior_dir} if junior_dir else {"self_paired": True})},
-        "algo": {"arm": arm, "group_size": plan.group_size, "loss_type": "grpo", "lr": plan.lr,
+        "algo": {"arm": arm, "group_size": plan.group_size, "loss_type": plan.loss_type, "lr": plan.lr,
                  "mini_batch_prompts": plan.prompts_per_step // 2, "kl_beta": beta,
                  "micro_batch": 8},  # length-sorted chunks of 8 rollouts skip most padding: ~25% faster updates on a CPU
         "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},
@@ -89,7 +91,8 @@ def train_config(run: str, seed: int, out_dir: Path, plan: DemoPlan, senior_dir:
         "train": {"steps": plan.steps, "prompts_per_step": plan.prompts_per_step, "save_every": 0,
                   "seed": seed, "out_dir": str(out_dir), "progress": progress},
         "data": {"train": f"{source}/train", "reward": "math", "reward_workers": 1},
-        "val": {"data": f"{source}/val", "every": plan.val_every, "n": plan.val_n, "limit": plan.val_problems},
+        "val": {"data": f"{source}/val", "every": plan.val_every, "n": plan.val_n, "limit": plan.val_problems,
+                "select": plan.select or "pass@1"},
     }
     for dotted, value in plan.overrides.items():
         set_dotted(base, dotted, value)

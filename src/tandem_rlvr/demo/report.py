@@ -36,6 +36,7 @@ METRICS = [
     ("kl_senior_junior", "KL(senior‖junior) MC", 1, "{:.3f}"),
     ("kl_senior_junior_exact", "KL(senior‖junior) exact", 1, "{:.3f}"),
     ("jargon_rate", "jargon rate", 100, "{:.1f}"),
+    ("checkpoint_step", "evaluated checkpoint (step)", 1, "{:.1f}"),
 ]
 ONE_SEED = "direction only (one seed)"
 
@@ -198,8 +199,7 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         "Evaluation metrics are measured on the test split with the junior of the run; the training curves on "
         "each arm's own rollouts (co-written with the junior for trlvr, so its jargon rate and KL there are "
         "those of team chains); the senior-alone curves on the senior's own chains on a small validation split.",
-        "Checkpoint: every run is evaluated at its last step; the demo selects no best checkpoint (the paper's authors "
-        "kept the step of the best held-out pass@4; `val.select` does that in `tandem-rlvr train`).", "",
+        _checkpoint_line(plan), "",
         "## Claims", "",
         f"Differences are paired by seed, shown as mean [95% interval]; claim 1's equivalence margin is "
         f"± {EQUIV_MARGIN_PTS:g} points.", "", *claims(results), "", "## Plots", "",
@@ -209,6 +209,17 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
     atomic_write_text(path, "\n".join(text))
     demo_html(results, out, path)
     return path
+
+
+def _checkpoint_line(plan: dict) -> str:
+    """How the evaluated checkpoint of each run was chosen (plans written before the protocol have no ``select``)."""
+    loss = plan.get("loss_type", "grpo")
+    if plan.get("select") and plan.get("val_every"):
+        return (f"Checkpoint (the paper's protocol): every run is evaluated at the validation step with the best "
+                f"senior-alone {plan['select']} on {plan['val_problems']} validation problems x {plan['val_n']} samples "
+                f"(every {plan['val_every']} steps; ties keep the earlier step; row \"evaluated checkpoint (step)\"); "
+                f"loss `{loss}`.")
+    return f"Checkpoint: every run is evaluated at its last step (no validation selects one); loss `{loss}`."
 
 
 def demo_html(results: dict, out: Path, md_path: Path) -> Path:
