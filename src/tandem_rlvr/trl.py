@@ -33,6 +33,7 @@ from tandem_rlvr.engines.handoff import Schedule, make_schedule
 from tandem_rlvr.engines.inprocess import InProcessEngine
 from tandem_rlvr.engines.types import Rollout, Sampling
 from tandem_rlvr.errors import TandemError
+from tandem_rlvr.seeds import derive_seed
 from tandem_rlvr.training.ownership import check_ownership
 
 __all__ = ["TESTED_TRL_VERSIONS", "TandemRollout", "make_tandem_rollout", "prompt_ids_like_trl", "require_trl",
@@ -121,7 +122,7 @@ class TandemRollout:
         ids = prompt_ids_like_trl(self.tokenizer, prompts, trainer)
         batch = PromptBatch.left_padded(ids, self.tokenizer.pad_token_id, device=acc.device)
         # a new seed per call and process, from the trainer's seeded RNG (a run with the same GRPOConfig.seed repeats)
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) + self.seed + 7919 * int(acc.process_index)
+        seed = derive_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()), self.seed, int(acc.process_index))
         args = trainer.args
         with unwrap_model_for_generation(trainer.model_wrapped, acc,
                                          gather_deepspeed3_params=args.ds3_gather_for_generation,

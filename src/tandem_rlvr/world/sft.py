@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tandem_rlvr.data import render_prompt
+from tandem_rlvr.seeds import ROW_WEIGHTS, derive_seed
 from tandem_rlvr.world.problems import Problem
 from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
 
@@ -93,7 +94,7 @@ class BatchMaker:
         self.train_problem, self.sft_response = recipe.train_problem, recipe.sft_response
         self.world = world
         self.spec = spec
-        self.rng = random.Random(spec.seed + 7919)
+        self.rng = random.Random(derive_seed(spec.seed, 1, weights=(1, ROW_WEIGHTS[0])))  # seed + 7919: part of every recipe
         self.eos = tokenizer.eos_token
         self.pad_id = tokenizer.pad_token_id
         self.step = 0
