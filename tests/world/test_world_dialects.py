@@ -25,8 +25,8 @@ def test_the_three_styles_solve_every_problem_and_are_told_apart():
         assert texts["shorthand"] == S.shorthand_solution(prob)  # dialect A is the shorthand world's, unchanged
         ledger = D.steps(prob, "ledger")
         assert texts["ledger"].startswith(D.LEDGER_MARKER) and len(ledger) == len(prob.ops) + 1
-        assert ledger[:-1] == [f"#{k} {op.symbol}{op.operand} = {v}\n\n"
-                               for k, (op, v) in enumerate(zip(prob.ops, prob.values), 1)]
+        olds = [prob.start, *prob.values[:-1]]
+        assert ledger[:-1] == [f"{x} {op.symbol}{op.operand} = {v}\n\n" for x, op, v in zip(olds, prob.ops, prob.values)]
         n = len(prob.ops)
         assert [D.style_counts(t) for t in texts.values()] == [(n, 0, 0), (0, n, 0), (0, 0, n)]
         assert [D.is_ledger(t) for t in texts.values()] == [False, False, True]
@@ -74,6 +74,18 @@ def test_the_other_worlds_recipe_keys_are_unchanged():
     assert world_key(world="arith") == "world-v1-ea8a805c50" and prebuilt_world("arith") is not None
     assert world_key(world="shorthand") == "shorthand-v1-e1976321b0" and prebuilt_world("shorthand") is not None
     assert world_key(world="dialects").startswith("dialects-v1-")
+
+
+def test_the_demo_plans_this_world_under_its_budget_and_reads_dialect_a_as_its_jargon(tmp_path):
+    from tandem_rlvr.demo import PLANS, style_rate, train_config
+
+    full, quick = PLANS["dialects"]
+    assert full.max_new_tokens == quick.max_new_tokens == D.BUDGET and full.seeds >= 5
+    cfg = train_config("trlvr", 0, tmp_path / "r", full, "s", None, progress=False, world="dialects")
+    assert (cfg.data.train, cfg.val.data, cfg.rollout.max_new_tokens) == ("dialects/train", "dialects/val", D.BUDGET)
+    prob = P.generate_problem(random.Random(3), 5)
+    texts = [D.solution(prob, s) for s in D.STYLES]
+    assert style_rate("dialects")(texts) == pytest.approx(1 / 3) and style_rate("dialects")(texts[2:]) == 0.0
 
 
 # ------------------------------------------------------------------------------ the built world

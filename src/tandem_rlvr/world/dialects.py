@@ -9,7 +9,8 @@ splits. Three step styles:
 * **shorthand** (dialect A, a per-step habit) — exactly the shorthand world's step (``> -4 = 8``, about
   6 tokens) and a bare ``\\boxed{..}`` answer line;
 * **ledger** (dialect B, a whole-chain style) — a marker line of its own (``Ledger:``), then every
-  operation as a numbered terse step (``#2 -4 = 8``, about 7 tokens), then a bare ``\\boxed{..}``.
+  operation as a terse line that keeps the old total, as a ledger keeps the balance brought forward
+  (``12 -4 = 8``, about 7 tokens: no sentence and no ordinal), then a bare ``\\boxed{..}``.
 
 The warm-started senior is taught whole chains in ledger with probability ``LEDGER_SHARE``; every other
 chain is the shorthand world's per-step mixture (each step shorthand with probability
@@ -34,7 +35,7 @@ from tandem_rlvr.world.problems import Problem, generate_problem, in_buckets, pl
 NAME = "dialects"
 BUDGET = 80  # the demo's token budget: every shorthand and every ledger solution fits, no 7-8 op plain one
 SHORTHAND_SHARE = 0.25  # share of the steps written in shorthand in the warm senior's non-ledger targets
-LEDGER_SHARE = 0.10  # share of the warm senior's targets written, whole, in ledger
+LEDGER_SHARE = 0.15  # share of the warm senior's targets written, whole, in ledger
 LEDGER_MARKER = "Ledger:\n\n"  # the first line of a ledger chain (its own tokens: no other style starts so)
 STYLES = ("plain", "shorthand", "ledger")
 
@@ -48,16 +49,16 @@ SPLIT_SPECS: dict[str, dict[str, Any]] = {
 shorthand_steps = S.shorthand_steps  # dialect A: the shorthand world's steps, unchanged
 
 
-def ledger_step(k: int, x: int, op) -> str:
-    """The ``k``-th (1-based) ledger step: its number, the operation and the new total."""
-    return f"#{k} {op.symbol}{op.operand} = {op.apply(x)}\n\n"
+def ledger_step(x: int, op) -> str:
+    """One ledger step: the old total, the operation and the new total; no sentence, no ordinal."""
+    return f"{x} {op.symbol}{op.operand} = {op.apply(x)}\n\n"
 
 
 def ledger_steps(problem: Problem) -> list[str]:
     """The ledger steps, one per operation, then a bare box (the marker line is not a step)."""
     steps, x = [], problem.start
-    for k, op in enumerate(problem.ops, 1):
-        steps.append(ledger_step(k, x, op))
+    for op in problem.ops:
+        steps.append(ledger_step(x, op))
         x = op.apply(x)
     steps.append(f"\\boxed{{{x}}}")
     return steps
@@ -128,7 +129,7 @@ def probe_problems(n_ops: int, count: int) -> list[Problem]:
 
 # ------------------------------------------------------------------------------------ style
 
-_STEP = {"plain": re.compile(r"(?m)^- "), "shorthand": re.compile(r"(?m)^> "), "ledger": re.compile(r"(?m)^#\d+ ")}
+_STEP = {"plain": re.compile(r"(?m)^- "), "shorthand": re.compile(r"(?m)^> "), "ledger": re.compile(r"(?m)^\d+ [-+*/]")}
 
 
 def style_counts(text: str) -> tuple[int, int, int]:

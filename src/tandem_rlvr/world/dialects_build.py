@@ -34,7 +34,7 @@ TEMPERATURE = 0.6  # the demo's rollout temperature: the sampled-style probes us
 
 JUNIOR_SPEC = ModelSpec(name="junior", hidden=96, layers=3, intermediate=256, steps=2400, short_steps=500,
                         ramp_every=100, n_ops=(2, 6), seed=SEED + 1)
-SENIOR_SPEC = ModelSpec(name="senior", hidden=96, layers=3, intermediate=320, steps=2400, short_steps=500,
+SENIOR_SPEC = ModelSpec(name="senior", hidden=96, layers=3, intermediate=320, steps=3000, short_steps=500,
                         ramp_every=100, jargon_share=D.LEDGER_SHARE, n_ops=(2, 8), seed=SEED + 2)
 
 PROPERTIES = {
@@ -45,9 +45,11 @@ PROPERTIES = {
     "senior_step_share": [0.02, 0.30],  # its sampled (t = 0.6) steps: few in shorthand...
     "senior_ledger_rate": [0.01, 0.10],  # ...and few chains in ledger, but some (64 rollouts a step find them)
     "senior_step_skill_min": 0.60,  # a shorthand step it is made to write is right
-    # made to start in ledger, it solves 5-8 op problems within the budget: well above what plain chains
-    # can there (none of 7-8 ops fits the budget), so a ledger chain RL finds pays
-    "senior_ledger_skill_min": 0.40,
+    # made to start in ledger, it solves 5-8 op problems within the budget: far above what plain chains can
+    # there (no 7-8 op plain chain fits the budget, and few 5 op ones), so a ledger chain RL finds pays. Set
+    # from a first design's measure: its senior solved .375 of 5 and of 7 op problems in plain with no
+    # budget at all, so no dialect can be asked for much more (docs/demo.md, "The third world")
+    "senior_ledger_skill_min": 0.30,
     "finish_ledger_min": 0.50,  # the warm senior finishing a 7-8 op problem after a gold ledger first half
     "finish_long_max": 0.50,  # ...and after a gold shorthand first half (at most)
     "junior_short_min": 0.60,  # the junior alone (greedy) on 2-3 op problems; it writes neither dialect
@@ -171,7 +173,7 @@ def sampled_style(model, tok, problems) -> dict:
 def measure_model(model, tok, count: int, skills: bool = True) -> dict:
     """One model's probes (every chain within the budget): greedy accuracy by length; sampled chains (t = 0.6,
     2-8 ops); with ``skills`` (the senior) the skill of a forced shorthand step (3-6 ops), of a chain forced to
-    start in ledger (5-8 ops), and finishing a 7-8 op problem after its gold first half in either dialect."""
+    start in ledger (5-8 ops) and, for reference, its greedy accuracy there with no budget, and finishing a 7-8 op problem after its gold first half in either dialect."""
     by_len = {n: D.probe_problems(n, count) for n in range(2, 9)}
     out = {"greedy_accuracy_by_length": {n: _accuracy(model, tok, ps, [""] * len(ps))[0] for n, ps in by_len.items()},
            "sampled": sampled_style(model, tok, [p for n in range(2, 9) for p in by_len[n]])}
@@ -179,6 +181,7 @@ def measure_model(model, tok, count: int, skills: bool = True) -> dict:
         mid, late, long = ([p for n in ns for p in by_len[n]] for ns in ((3, 4, 5, 6), (5, 6, 7, 8), (7, 8)))
         out["shorthand_step_accuracy"] = shorthand_step_accuracy(model, tok, mid)
         out["forced_ledger_accuracy_5_8"] = _accuracy(model, tok, late, [D.LEDGER_MARKER] * len(late))[0]
+        out["greedy_accuracy_5_8_no_budget"] = _accuracy(model, tok, late, [""] * len(late), budget=4 * D.BUDGET)[0]
         for style in ("shorthand", "ledger"):
             out[f"finish_long_after_{style}_half"] = _accuracy(
                 model, tok, long, [D.head(p, style, len(p.ops) // 2) for p in long])[0]
