@@ -333,7 +333,7 @@ def register_source(name: str, load_split: Callable[[str], Sequence[Example]]) -
 
 
 def builtin_sources() -> list[str]:
-    """The built-in worlds' data source names (``arith``, ``shorthand``; ``world``, the arith world's old name),
+    """The built-in worlds' data source names (``arith``, ``shorthand``, ``dialects``; ``world``, the arith world's old name),
     read from :mod:`tandem_rlvr.world.registry`, which imports nothing of the worlds (they import this module)."""
     from tandem_rlvr.world.registry import source_names
 

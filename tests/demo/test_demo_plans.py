@@ -4,10 +4,12 @@
 seed (0, 3) and run, the keys of :func:`tandem_rlvr.demo.plan.train_config` whose values differ from the
 config's defaults, and each plan's sizes; recorded from the code before the registry, the one change being
 the arith world's data source name (``world/train`` then, ``arith/train`` now: the same problems,
-tests/world/test_registry.py). Re-recorded once since, for the paper's protocol (issue 38): every plan's
-``loss_type`` ``dapo`` (token mean) and ``select`` (best validation pass@K evaluated), the full plans'
-validation 32 problems x 4 samples (16 x 2 before); nothing else changed. The demo's table depends on
-nothing else of its configuration.
+tests/world/test_registry.py). The ``dialects`` world, added after the registry, was recorded as the
+shorthand world's entries with its own data source (``dialects/train``, ``dialects/val``): the same plan.
+Re-recorded once since, for the paper's protocol (issue 38): every plan's ``loss_type`` ``dapo`` (token
+mean) and ``select`` (best validation pass@K evaluated), the full plans' validation 32 problems x 4
+samples (16 x 2 before); nothing else changed. The demo's table depends on nothing else of its
+configuration.
 """
 
 import json

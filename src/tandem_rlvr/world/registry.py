@@ -101,7 +101,18 @@ SHORTHAND = World(
     # docs/demo.md, "Designs and learning rates measured")
     demo_plan=MappingProxyType({"max_new_tokens": 80, "lr": 3e-4}),
 )
-WORLDS: Mapping[str, World] = MappingProxyType({w.name: w for w in (ARITH, SHORTHAND)})
+DIALECTS = World(
+    name="dialects", source="dialects",
+    splits="tandem_rlvr.world.dialects:load_split", recipe="tandem_rlvr.world.dialects_build",
+    style="tandem_rlvr.world.dialects:shorthand_rate",
+    description="long chains under a token budget and two terse dialects, one the copy follows (for --junior self)",
+    title="built-in dialects world, `--world dialects`; its jargon rate is the shorthand (dialect A) rate",
+    key_prefix="dialects", model_prefixes=("dialects",),
+    # the shorthand world's budget and learning rate for now (world.dialects.BUDGET fits every shorthand and
+    # every ledger solution, no 7-8 op plain one)
+    demo_plan=MappingProxyType({"max_new_tokens": 80, "lr": 3e-4}),
+)
+WORLDS: Mapping[str, World] = MappingProxyType({w.name: w for w in (ARITH, SHORTHAND, DIALECTS)})
 DEFAULT_WORLD = ARITH.name
 
 
