@@ -303,3 +303,22 @@ def test_rounds_limits_and_schedule_defaults():
             make_schedule("chunk", **{key: bad})
     state = Schedule("bernoulli").start(CoinStream(3, 0.5, 0))
     assert state.gap_B.dtype == torch.long and state.rounds_B.dtype == torch.long and state.t == 0
+
+
+def test_sequence_feed_reads_the_given_vocabulary_table():
+    """Where the authors' vocabularies differ the turn driver passes the writer's table to ``feed``: its flags
+    decide, not the schedule's own table (token 1 starts a word in the writer's table only)."""
+    own = TokenTable(boundary_V=torch.tensor([False, False, True]))
+    writer = TokenTable(boundary_V=torch.tensor([False, True, False]))
+    seq = SequenceSchedule(make_schedule("word", table=own, max_gap=32), CoinStream(1, 0.5, 0), 0)
+    assert not seq.feed(1)  # the schedule's own table: no word start
+    assert seq.feed(1, table=writer)  # the writer's table: a word start, so a coin falls
+
+
+def test_schedule_attributes_before_init_are_attribute_errors():
+    """copy and pickle look attributes up on an instance whose fields are not set yet: every lookup is an
+    AttributeError (``params`` is guarded, so a parameter lookup cannot recurse into itself)."""
+    blank = object.__new__(Schedule)
+    for key in ("params", "name", "p", "table", "_private", "max_gap"):
+        with pytest.raises(AttributeError):
+            getattr(blank, key)

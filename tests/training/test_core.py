@@ -153,6 +153,24 @@ def test_k3_is_clamped_to_10_as_verl_low_var_kl():
     torch.testing.assert_close(p.grad, torch.tensor([[1 - math.exp(2), 0.0, 0.0, 0.0]]), rtol=1e-6, atol=1e-6)
 
 
+def test_k3_log_ratio_is_clamped_from_below_too():
+    """With a clamp wider than 19 the log-ratio's own floor (-20) shows: q - p = -50 gives e^-20 + 20 - 1, not 49."""
+    kl = k3_kl(torch.tensor([[50.0, 0.0]]), torch.tensor([[0.0, 0.0]]), clamp=100.0)
+    torch.testing.assert_close(kl, torch.tensor([[math.exp(-20) + 19.0, 0.0]]))
+
+
+def test_policy_loss_passes_kl_clamp_to_k3():
+    """kl_reg's per-token k3 in the loss is clamped by ``kl_clamp``: one token with q - p = 3 adds beta * 1.0 (the
+    clamp), not beta * (e^3 - 4), to a loss whose policy term is 0 (advantage 0)."""
+    logps = torch.zeros(1, 2)
+    ref = torch.tensor([[3.0, 0.0]])
+    kw = dict(loss_type="dapo", clip_eps=0.2, kl_beta=0.5, ref_logps_BT=ref)
+    clamped, _ = policy_loss(logps, logps, torch.zeros(1), torch.ones(1, 2, dtype=torch.bool), kl_clamp=1.0, **kw)
+    plain, _ = policy_loss(logps, logps, torch.zeros(1), torch.ones(1, 2, dtype=torch.bool), **kw)
+    torch.testing.assert_close(clamped, torch.tensor(0.5 * 1.0 / 2))
+    torch.testing.assert_close(plain, torch.tensor(0.5 * (math.exp(3) - 4) / 2))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # aggregate
 # ---------------------------------------------------------------------------------------------------------------

@@ -58,6 +58,8 @@ def test_every_arm_trains_senior_and_never_touches_junior(tmp_path, tokenizer, b
         assert key in rows[-1], key
     frac = rows[-1]["rollout/senior_token_frac"]
     assert (0.3 <= frac <= 0.7) if arm == "trlvr" else frac == 1.0
+    times = rows[-1]
+    assert 0 <= times["time/score_s"] <= times["time/update_s"] <= times["time/step_s"]  # scoring is part of the update
 
 
 def test_p1_tandem_reproduces_solo_grpo(tmp_path, tokenizer, base_models):

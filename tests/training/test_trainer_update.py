@@ -140,6 +140,9 @@ def test_drift_metrics_are_means_over_senior_tokens_by_hand(tmp_path, tokenizer,
     assert got["kl/senior_junior"] == pytest.approx(1.0) and got["kl/senior_junior_k3"] == pytest.approx(k3[2])
     none = SimpleNamespace(response_mask_BT=ro.response_mask_BT, owner_BT=torch.zeros(2, 3, dtype=torch.long))
     assert tr._drift_metrics(old, jun, none) == {"kl/senior_junior": 0.0, "kl/senior_junior_k3": 0.0}
+    tr.cfg.algo.kl_clamp = 0.5  # the k3 metric uses the loss's clamp: (1,0)'s e - 2 = 0.718 -> 0.5, the others below it
+    got = tr._drift_metrics(old, jun, ro)
+    assert got["kl/senior_junior_k3"] == pytest.approx((k3[0] + 0.5 + k3[2]) / 3)
 
 
 @pytest.mark.parametrize("arm,beta", [("trlvr", 0.0), ("kl_reg", 0.05)])
