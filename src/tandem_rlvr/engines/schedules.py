@@ -1,6 +1,7 @@
 """The handoff schedules, each defined once: the registry every other module derives its lists from.
 
-A schedule is one decorated rule (in the style of verl's ``register_policy_loss``)::
+A schedule is one registered rule (in the style of verl's ``register_policy_loss``; the decorator may also be
+called after the function, as the built-in rules are, so that mutmut reaches them)::
 
     @register_schedule("word", flags=("boundary",), params=(MAX_GAP,), turn_tokens=lambda gap, prm: prm["max_gap"] - gap)
     def word(f, gap, carry, prm):
