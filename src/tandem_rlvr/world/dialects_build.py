@@ -26,7 +26,8 @@ import random
 
 from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
 from tandem_rlvr.world import dialects as D
-from tandem_rlvr.world.rules import MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, seeded_specs
+from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
+                                     models_failing, seeded_specs, short_accuracy)
 from tandem_rlvr.world.sft import ModelSpec
 
 VERSION = 1
@@ -213,19 +214,15 @@ def property_values(measured: dict) -> dict:
     """The numbers the properties are about, from :func:`measure_models`."""
     j, s, b = measured["junior"], measured["senior"], measured["budget"]
 
-    def short(d):
-        acc = d["greedy_accuracy_by_length"]
-        return sum(acc[n] if n in acc else acc[str(n)] for n in (2, 3)) / 2
-
     return {
         "plain_over_budget": b["plain_over_budget_7_8"], "shorthand_fits": b["shorthand_fits"],
         "ledger_fits": b["ledger_fits"],
-        "senior_short": short(s), "senior_step_share": s["sampled"]["shorthand_step_share"],
+        "senior_short": short_accuracy(s), "senior_step_share": s["sampled"]["shorthand_step_share"],
         "senior_ledger_rate": s["sampled"]["ledger_rate"],
         "senior_step_skill": s["shorthand_step_accuracy"], "senior_ledger_skill": s["forced_ledger_accuracy_5_8"],
         "senior_finish_ledger": s["finish_long_after_ledger_half"],
         "senior_finish_long": s["finish_long_after_shorthand_half"],
-        "junior_short": short(j),
+        "junior_short": short_accuracy(j),
         "junior_dialect_steps": j["sampled"]["shorthand_step_share"] + j["sampled"]["ledger_step_share"],
     }
 
@@ -262,10 +259,9 @@ def _checks(measured: dict, props: dict) -> list[tuple[str, bool, str]]:
 
 def property_failures(measured: dict, props: dict = PROPERTIES) -> list[str]:
     """The promised properties that ``measured`` breaks, one readable line each (empty: all hold)."""
-    return [msg for _, ok, msg in _checks(measured, props) if not ok]
+    return failed_checks(_checks(measured, props))
 
 
 def models_to_retrain(measured: dict, props: dict = PROPERTIES) -> list[str]:
     """The models whose properties fail."""
-    failing = {who for who, ok, _ in _checks(measured, props) if not ok}
-    return [name for name in ("junior", "senior") if name in failing]
+    return models_failing(_checks(measured, props))

@@ -7,6 +7,8 @@ measured and lists the properties it breaks. Torch-free.
 
 from __future__ import annotations
 
+from tandem_rlvr.world.rules import failed_checks, models_failing
+
 PROPERTIES = {
     "junior_short_min": 0.60,  # the junior alone (greedy) on 2-3 op problems, and continuing a plain first step
     "plain_jargon_gap": 0.40,  # the junior continuing a plain first step minus continuing a jargon one
@@ -60,10 +62,9 @@ def _checks(measured: dict, props: dict) -> list[tuple[str, bool, str]]:
 
 def property_failures(measured: dict, props: dict = PROPERTIES) -> list[str]:
     """The promised properties that ``measured`` breaks, one readable line each (empty: all hold)."""
-    return [msg for _, ok, msg in _checks(measured, props) if not ok]
+    return failed_checks(_checks(measured, props))
 
 
 def models_to_retrain(measured: dict, props: dict = PROPERTIES) -> list[str]:
     """The models whose properties fail (the junior's own; the senior's own and its margin over the junior)."""
-    failing = {who for who, ok, _ in _checks(measured, props) if not ok}
-    return [name for name in ("junior", "senior") if name in failing]
+    return models_failing(_checks(measured, props))

@@ -1,5 +1,5 @@
-"""The build rules both built-in worlds share: the build seed, the tokenizer's size and corpus, the property
-gate's tries, and how each try seeds its models."""
+"""The build rules the built-in worlds share: the build seed, the tokenizer's size and corpus, the property
+gate's tries, how each try seeds its models, and how a gate's checks become its failures and retrained models."""
 
 from __future__ import annotations
 
@@ -22,3 +22,21 @@ def seeded_specs(junior, senior, seed: int = SEED, attempt: int = 0) -> dict:
     its try ``attempt`` (0-based): seeds ``seed + 1`` and ``seed + 2``, ``TRY_SEED_STEP`` higher per try."""
     step = TRY_SEED_STEP * attempt
     return {"junior": replace(junior, seed=seed + 1 + step), "senior": replace(senior, seed=seed + 2 + step)}
+
+
+def short_accuracy(model_measure: dict) -> float:
+    """A model's mean greedy accuracy on 2- and 3-operation problems (its ``greedy_accuracy_by_length``, keys
+    int or, read back from JSON, str)."""
+    acc = model_measure["greedy_accuracy_by_length"]
+    return sum(acc[n] if n in acc else acc[str(n)] for n in (2, 3)) / 2
+
+
+def failed_checks(checks: list[tuple[str, bool, str]]) -> list[str]:
+    """The readable line of every failed ``(model, ok, message)`` check of a property gate (empty: all hold)."""
+    return [msg for _, ok, msg in checks if not ok]
+
+
+def models_failing(checks: list[tuple[str, bool, str]]) -> list[str]:
+    """The models (junior, then senior) with at least one failed check: the ones a build trains again."""
+    failing = {who for who, ok, _ in checks if not ok}
+    return [name for name in ("junior", "senior") if name in failing]
