@@ -23,12 +23,14 @@ The promised properties (``PROPERTIES``), what each is for, and the probe that m
 from __future__ import annotations
 
 import random
+from functools import partial
 
-from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
+from tandem_rlvr.data import PROMPT_SUFFIX
 from tandem_rlvr.world import dialects as D
 from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
                                      models_failing, seeded_specs, short_accuracy)
 from tandem_rlvr.world.sft import ModelSpec
+from tandem_rlvr.world.shorthand_build import budget_accuracy, shorthand_step_accuracy  # dialect A: its steps
 
 VERSION = 1
 TEMPERATURE = 0.6  # the demo's rollout temperature: the sampled-style probes use it
@@ -56,6 +58,7 @@ PROPERTIES = {
     "junior_short_min": 0.60,  # the junior alone (greedy) on 2-3 op problems; it writes neither dialect
 }
 PROPERTY_COUNT = 32
+_accuracy = partial(budget_accuracy, budget=D.BUDGET)  # (accuracy, texts) of chains within this world's budget
 
 
 def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
@@ -137,31 +140,6 @@ def budget_facts(tok, count: int = PROPERTY_COUNT, budget: int = D.BUDGET) -> di
             "ledger_fits": fits("ledger"),
             "mean_tokens": {n: {s: round(sum(v) / len(v), 1) for s, v in d.items()} for n, d in lengths.items()},
             "max_tokens": {n: {s: max(v) for s, v in d.items()} for n, d in lengths.items()}}
-
-
-def _accuracy(model, tok, problems, prefixes, temperature: float = 0.0, seed: int = 0, budget: int = D.BUDGET):
-    """Accuracy (and texts) of ``model`` continuing ``prompt + prefix`` within the budget (prefix included)."""
-    from tandem_rlvr.world.probe import complete
-    from tandem_rlvr.world.problems import is_correct
-
-    prompts = [render_prompt(tok, p.text) + pre for p, pre in zip(problems, prefixes)]
-    widths = [budget - len(tok(pre, add_special_tokens=False)["input_ids"]) for pre in prefixes]
-    texts = complete(model, tok, prompts, temperature=temperature, max_new_tokens=max(widths), seed=seed)
-    texts = [pre + tok.decode(tok(t, add_special_tokens=False)["input_ids"][:w])
-             for pre, t, w in zip(prefixes, texts, widths)]
-    return sum(is_correct(t, p.answer) for t, p in zip(texts, problems)) / len(problems), texts
-
-
-def shorthand_step_accuracy(model, tok, problems) -> float:
-    """Share of shorthand steps written right (greedy) when the model is made to write one: after the gold
-    shorthand first half and the step marker ``>``."""
-    from tandem_rlvr.world.probe import complete
-
-    prefixes = [D.head(p, "shorthand", len(p.ops) // 2) + ">" for p in problems]
-    golds = [D.steps(p, "shorthand")[len(p.ops) // 2][1:].rstrip("\n") for p in problems]
-    texts = complete(model, tok, [render_prompt(tok, p.text) + pre for p, pre in zip(problems, prefixes)],
-                     max_new_tokens=10)
-    return sum(t.startswith(g) for t, g in zip(texts, golds)) / len(problems)
 
 
 def sampled_style(model, tok, problems) -> dict:

@@ -120,7 +120,7 @@ def budget_facts(tok, count: int = PROPERTY_COUNT, budget: int = S.BUDGET) -> di
             "mean_tokens": {n: {s: round(sum(v) / len(v), 1) for s, v in d.items()} for n, d in lengths.items()}}
 
 
-def _accuracy(model, tok, problems, prefixes, temperature: float = 0.0, seed: int = 0, budget: int = S.BUDGET):
+def budget_accuracy(model, tok, problems, prefixes, temperature: float = 0.0, seed: int = 0, budget: int = S.BUDGET):
     """Accuracy (and texts) of ``model`` continuing ``prompt + prefix`` within the budget (prefix included)."""
     from tandem_rlvr.world.probe import complete
     from tandem_rlvr.world.problems import is_correct
@@ -156,15 +156,15 @@ def measure_model(model, tok, count: int) -> dict:
     (3-6 ops); finishing a 7-8 op problem after its gold first half in shorthand (greedy)."""
     by_len = {n: S.probe_problems(n, count) for n in range(2, 9)}
     pooled = [p for n in range(2, 9) for p in by_len[n]]
-    greedy = {n: _accuracy(model, tok, ps, [""] * len(ps))[0] for n, ps in by_len.items()}
-    sampled_acc, texts = _accuracy(model, tok, pooled, [""] * len(pooled), temperature=0.7)
+    greedy = {n: budget_accuracy(model, tok, ps, [""] * len(ps))[0] for n, ps in by_len.items()}
+    sampled_acc, texts = budget_accuracy(model, tok, pooled, [""] * len(pooled), temperature=0.7)
     long = [p for n in (7, 8) for p in by_len[n]]
     return {
         "greedy_accuracy_by_length": greedy,
         "sampled_t0.7": {"accuracy": sampled_acc, "shorthand_rate": S.shorthand_rate(texts),
                          "shorthand_step_share": S.shorthand_step_share(texts)},
         "shorthand_step_accuracy": shorthand_step_accuracy(model, tok, [p for n in (3, 4, 5, 6) for p in by_len[n]]),
-        "finish_long_after_shorthand_half": _accuracy(model, tok, long, [_half(p, "shorthand") for p in long])[0],
+        "finish_long_after_shorthand_half": budget_accuracy(model, tok, long, [_half(p, "shorthand") for p in long])[0],
     }
 
 
