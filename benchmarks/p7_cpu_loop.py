@@ -6,11 +6,12 @@ senior and weak junior: tiny Qwen3s, 3 layers, 96 wide), with the default demo's
 two PPO mini-batches; validation off), one intra-op thread (as each demo job runs). Each side starts
 from a fresh copy of the warm start and runs the same steps; the sides alternate repeat by repeat.
 
-- **old**: the ``engines.fastpath`` switches ``LEAN`` and ``SHARED_PROMPTS`` off: every forward is
+- **old**: the ``engines.fastpath`` switches in ``FLAGS`` off: every forward is
   transformers' ``Qwen3ForCausalLM`` (the engine's buffer KV cache and GQA-in-SDPA), as on main;
 - **new**: both on: the rollout decodes with :mod:`tandem_rlvr.engines.lean_qwen3` (prompts read once
-  per distinct prompt, finished rows dropped) and the no-grad teacher-forced scoring reads each
-  distinct prompt once (still transformers' model; the update's forward is unchanged), and the PPO
+  per distinct prompt, finished rows dropped), the no-grad teacher-forced scoring reads each distinct
+  prompt once (still transformers' model) and so does the update's forward (``SHARED_PROMPTS_UPDATE``:
+  each mini-batch's prompts once under autograd, their backward once after the chunks), and the PPO
   ratio's old log-probs are the ones the rollout recorded (``algo.old_logps=auto``; the old loop:
   ``recompute``, one teacher-forced pass of the senior per step); teacher-forced forwards stop at their
   rows' longest response (``TRIM``) and the update runs in length-sorted chunks of 8 (the demo's
@@ -41,7 +42,7 @@ from pathlib import Path
 import common as C
 import torch
 
-FLAGS = ("LEAN", "PAIR", "SHARED_PROMPTS", "TRIM")  # engines.fastpath switches: all off = the old loop, all on = the new one
+FLAGS = ("LEAN", "PAIR", "SHARED_PROMPTS", "SHARED_PROMPTS_UPDATE", "TRIM")  # engines.fastpath switches: all off = the old loop, all on = the new one
 
 
 def _multinomial(probs_BV, gen):

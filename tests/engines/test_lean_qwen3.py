@@ -287,3 +287,15 @@ def test_models_that_do_not_fit_a_pair_decode_one_after_the_other(monkeypatch):
     for lean in (a, b, b2):
         lean.set_padding(pads)
     assert not lean_pair.fits(a, b) and lean_pair.fits(a, b2)  # width differs; only the MLP differs
+
+
+def test_fast_path_switches_turn_off_from_the_environment_and_a_typo_is_an_error(monkeypatch):
+    for name in fastpath.SWITCHES:
+        monkeypatch.setattr(fastpath, name, True)
+    assert fastpath.switches_off_from_env({fastpath.OFF_ENV: " SHARED_PROMPTS_UPDATE, PAIR "}) == [
+        "SHARED_PROMPTS_UPDATE", "PAIR"]
+    assert not fastpath.SHARED_PROMPTS_UPDATE and not fastpath.PAIR and fastpath.LEAN and fastpath.TRIM
+    assert fastpath.switches_off_from_env({}) == [] and fastpath.LEAN
+    with pytest.raises(ValueError, match=r"TANDEM_RLVR_FASTPATH_OFF: unknown fast-path switch\(es\) PAIRS; known: .*PAIR"):
+        fastpath.switches_off_from_env({fastpath.OFF_ENV: "PAIRS,LEAN"})
+    assert fastpath.LEAN  # nothing turned off when one name is wrong

@@ -155,7 +155,7 @@ def test_update_forwards_respect_the_micro_batch_and_reuse_recorded_junior_logps
 
     calls, seen = [], []
     real = scoring._forward_logps
-    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t: calls.append((m, len(rows))) or real(m, ro, rows, t))
+    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t, *rest: calls.append((m, len(rows))) or real(m, ro, rows, t, *rest))
     _one_step(tmp_path, tokenizer, trainer_parts, f"algo.arm={arm}", f"algo.kl_beta={beta}", "algo.micro_batch=6",
               spy=seen.append)
     tr = seen[0]
@@ -196,8 +196,8 @@ def _count_scoring(monkeypatch):
 
     calls = []
     real = scoring._forward_logps
-    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t: calls.append(torch.is_grad_enabled())
-                        or real(m, ro, rows, t))
+    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t, *rest: calls.append(torch.is_grad_enabled())
+                        or real(m, ro, rows, t, *rest))
     return calls
 
 
@@ -251,11 +251,16 @@ def test_old_logps_auto_reuses_float32_rollouts_and_recomputes_otherwise(tmp_pat
         _one_step(tmp_path / "c", tokenizer, trainer_parts, "algo.old_logps=rollout", spy=unrecorded)
 
 
-def test_micro_batches_are_cut_to_their_own_longest_response(tmp_path, tokenizer, trainer_parts, monkeypatch):
+@pytest.mark.parametrize("shared", [False, True])
+def test_micro_batches_are_cut_to_their_own_longest_response(tmp_path, tokenizer, trainer_parts, monkeypatch, shared):
     """With algo.micro_batch below the mini-batch, its rows go to the chunks sorted by response length, and
     each chunk's forward reads only up to its own longest response (and prompt): the short chunks'
-    forwards are narrower than the step's longest response."""
-    from tandem_rlvr.engines import scoring
+    forwards are narrower than the step's longest response. With the prompts shared
+    (``SHARED_PROMPTS_UPDATE``) the mini-batch's distinct prompts are read once first (one logit kept) and
+    each chunk's forward holds its responses only."""
+    from tandem_rlvr.engines import fastpath, scoring
+
+    monkeypatch.setattr(fastpath, "SHARED_PROMPTS_UPDATE", shared)
 
     widths, seen = [], []
     real_model_call = []
@@ -274,15 +279,20 @@ def test_micro_batches_are_cut_to_their_own_longest_response(tmp_path, tokenizer
 
     real_fl = scoring._forward_logps
     chunk_lens = []
-    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t: (
-        torch.is_grad_enabled() and chunk_lens.append(ro.response_mask_BT[rows].sum(-1).tolist())) or real_fl(m, ro, rows, t))
+    monkeypatch.setattr(scoring, "_forward_logps", lambda m, ro, rows, t, *rest: (
+        torch.is_grad_enabled() and chunk_lens.append(ro.response_mask_BT[rows].sum(-1).tolist())) or real_fl(m, ro, rows, t, *rest))
     _one_step(tmp_path, tokenizer, trainer_parts, "algo.micro_batch=4", "rollout.max_new_tokens=24", spy=spy)
     ro = real_model_call[0]
     lengths = ro.response_mask_BT.sum(-1)
     assert len(set(lengths.tolist())) > 2  # varied lengths, else sorting would not show
     flat = [n for c in chunk_lens for n in c]
     assert flat == sorted(flat) and sorted(flat) == sorted(lengths.tolist())
-    assert [keep for _, keep in widths] == [max(c) + 1 for c in chunk_lens]
+    if shared:
+        (prompt_width, first_keep), *widths = widths
+        assert first_keep == 1 and prompt_width == ro.prompt_ids_BP.shape[1]
+        assert widths == [(max(c), max(c)) for c in chunk_lens]
+    else:
+        assert [keep for _, keep in widths] == [max(c) + 1 for c in chunk_lens]
     assert min(keep for _, keep in widths) < ro.response_ids_BT.shape[1] + 1
 
 
@@ -321,3 +331,45 @@ def test_a_chunks_log_probs_equal_the_full_width_forward(tokenizer, trainer_part
             m = r_mask[rows].bool()
             assert_close_to_scale(got[m], full[rows][m])
             assert torch.all(got[:, int(r_len[rows].max()):] == 0)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_shared_prompts_in_the_update_give_the_per_chunk_gradient(tmp_path, tokenizer, trainer_parts, monkeypatch,
+                                                                  loss_type):
+    """fastpath.SHARED_PROMPTS_UPDATE: the mini-batch's distinct prompts read once under autograd, their share of
+    the gradient taken once after the chunks, give every parameter the gradient of a forward per chunk over
+    its own prompts (float order only: within 1e-5 of each tensor's largest entry), and the same loss."""
+    from tandem_rlvr.engines import fastpath
+
+    grads, keeps = {}, {}
+
+    def spy(tr):
+        real_step, real_fwd = tr._clip_and_step, tr.senior.forward
+
+        def step():
+            if shared not in grads:  # the first mini-batch: the second starts from weights one Adam step apart
+                grads[shared] = {n: p.grad.clone() for n, p in tr.senior.named_parameters() if p.grad is not None}
+            return real_step()
+
+        def fwd(*a, **kw):
+            if torch.is_grad_enabled():
+                keeps[shared].append(kw["logits_to_keep"])
+            return real_fwd(*a, **kw)
+        tr._clip_and_step, tr.senior.forward = step, fwd
+
+    rows = {}
+    for shared in (False, True):
+        monkeypatch.setattr(fastpath, "SHARED_PROMPTS_UPDATE", shared)
+        keeps[shared] = []
+        rows[shared] = _one_step(tmp_path / str(shared), tokenizer, trainer_parts, f"algo.loss_type={loss_type}",
+                                 "algo.micro_batch=4", "algo.mini_batch_prompts=2", spy=spy)
+    assert keeps[False].count(1) == 0 and keeps[True].count(1) == 2  # one prompt read per mini-batch
+    assert len(keeps[True]) == len(keeps[False]) + 2
+    assert rows[True]["train/loss"] == pytest.approx(rows[False]["train/loss"], rel=1e-5, abs=1e-7)
+    a, b = grads[False], grads[True]
+    assert a.keys() == b.keys() and len(a) > 5
+    embed = [n for n in a if "embed" in n]
+    assert embed and a[embed[0]].abs().max() > 0  # the prompts' tokens get their gradient
+    for n in a:
+        scale = a[n].abs().max().item()
+        assert (a[n] - b[n]).abs().max().item() <= 1e-5 * scale + 1e-12, n

@@ -8,12 +8,14 @@
   ``disable_adapter()`` context (about 5 ms a call).
 
 ``FAST_PATH = False`` falls back to plain transformers behaviour; the fast paths are only enabled on
-``FAST_PATH_DEVICES`` (CPU: not yet checked on GPUs).
+``FAST_PATH_DEVICES`` (CPU: not yet checked on GPUs). Each switch below can also be turned off for a
+process by naming it in the environment: ``TANDEM_RLVR_FASTPATH_OFF=SHARED_PROMPTS_UPDATE,PAIR``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 from transformers import DynamicCache
@@ -22,9 +24,27 @@ from transformers.cache_utils import DynamicLayer
 FAST_PATH = True  # preallocated KV caches, 4-D mask slices, GQA-in-SDPA
 LEAN = True  # decode plain Qwen3s with engines.lean_qwen3 (no transformers dispatch per layer); False: transformers
 SHARED_PROMPTS = True  # no-grad teacher-forced scoring reads each distinct prompt once (engines.scoring)
+SHARED_PROMPTS_UPDATE = True  # one process: the update reads each distinct prompt of a mini-batch once (engines.scoring)
 PAIR = True  # lockstep: both lean decoders as one batched model per token (engines.lean_pair)
 TRIM = True  # teacher-forced forwards stop at their rows' longest response (engines.scoring); False: the batch's width
 FAST_PATH_DEVICES = ("cpu",)  # measured and tested on CPU only so far; add "cuda" once checked there
+SWITCHES = ("FAST_PATH", "LEAN", "SHARED_PROMPTS", "SHARED_PROMPTS_UPDATE", "PAIR", "TRIM")
+OFF_ENV = "TANDEM_RLVR_FASTPATH_OFF"
+
+
+def switches_off_from_env(environ=os.environ) -> list[str]:
+    """Turn off the switches named in ``$TANDEM_RLVR_FASTPATH_OFF`` (comma-separated); returns their names.
+    An unknown name is an error that lists the known ones (a typo must not leave a fast path on)."""
+    names = [n.strip() for n in environ.get(OFF_ENV, "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in SWITCHES]
+    if unknown:
+        raise ValueError(f"{OFF_ENV}: unknown fast-path switch(es) {', '.join(unknown)}; known: {', '.join(SWITCHES)}")
+    for n in names:
+        globals()[n] = False
+    return names
+
+
+switches_off_from_env()
 
 
 _FAST_ATTN = "tandem_rlvr_sdpa_gqa"

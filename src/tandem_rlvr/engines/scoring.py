@@ -11,7 +11,7 @@ from tandem_rlvr.engines import fastpath
 from tandem_rlvr.engines.fastpath import gqa_attention
 from tandem_rlvr.engines.types import Rollout, token_logps
 
-__all__ = ["sequence_logps", "teacher_inputs"]
+__all__ = ["PromptPrefix", "read_prompts", "sequence_logps", "teacher_inputs"]
 
 
 def teacher_inputs(rollout: Rollout, rows: torch.Tensor | None = None, *, trim: bool = False):
@@ -31,17 +31,20 @@ def teacher_inputs(rollout: Rollout, rows: torch.Tensor | None = None, *, trim: 
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def sequence_logps(model, rollout: Rollout, temperature: float, micro: int = 0, rows=None) -> torch.Tensor:
+def sequence_logps(model, rollout: Rollout, temperature: float, micro: int = 0, rows=None,
+                   prefix: "PromptPrefix | None" = None) -> torch.Tensor:
     """Log-probs ``(len(rows), T)`` of the response tokens under ``model`` at ``temperature``: one forward
     over prompt + response per ``micro`` rows (0: all at once), the LM head on the response positions only.
     Padding positions hold the log-prob of the pad token, or 0 past the rows' longest response (mask them
-    with ``response_mask_BT``)."""
+    with ``response_mask_BT``). ``prefix`` (:func:`read_prompts`, under autograd): the responses read the
+    prompts' keys and values from it instead of a forward over the prompts."""
     rows = torch.arange(rollout.batch_size) if rows is None else rows
     step = micro or len(rows)
-    return torch.cat([_forward_logps(model, rollout, rows[i:i + step], temperature) for i in range(0, len(rows), step)])
+    return torch.cat([_forward_logps(model, rollout, rows[i:i + step], temperature, prefix)
+                      for i in range(0, len(rows), step)])
 
 
-def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: float) -> torch.Tensor:
+def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: float, prefix=None) -> torch.Tensor:
     """One forward over ``rows``, cut to their own longest response (and, without shared prompts, to their
     own longest prompt): the columns past it are padding in every row, so their log-probs are 0 without
     a forward (a batch's longest response is often longer than a chunk's)."""
@@ -50,8 +53,11 @@ def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: flo
     r_ids = rollout.response_ids_BT[rows, :T]
     inner = getattr(model, "module", model)  # DDP wraps the module; the attention switch lives on its config
     with gqa_attention(inner):
-        shared = _shared_prompts(model, rollout, rows, rollout.prompt_ids_BP.device)
-        if shared is not None:
+        shared = None if prefix is not None else _shared_prompts(model, rollout, rows, rollout.prompt_ids_BP.device)
+        if prefix is not None:
+            ids, mask, pos = (x[:, :rollout.prompt_ids_BP.shape[1] + T] for x in teacher_inputs(rollout, rows))
+            logits = prefix.logits(model, ids, mask, pos, T, rows)
+        elif shared is not None:
             ids, mask, pos = (x[:, :rollout.prompt_ids_BP.shape[1] + T] for x in teacher_inputs(rollout, rows))
             logits = _shared_prompt_logits(model, ids, mask, pos, T, *shared)
         else:
@@ -69,10 +75,8 @@ def _shared_prompts(model, rollout: Rollout, rows: torch.Tensor, device):
     are collective, so every process must take the same path (a batch without repeats costs one extra
     forward call, not extra arithmetic).
 
-    Not under autograd: the update's forward stays one forward per micro-batch, so a run's weights do not
-    depend on the number of processes beyond float rounding (a DDP-wrapped model cannot take two
-    forwards per backward; the shared path's gradients add up in another order, ~1e-6 apart after two
-    steps, over the 1e-6 that tests/training/test_multiprocess.py allows)."""
+    Not under autograd: there the trainer decides for the whole mini-batch (:func:`read_prompts`, one
+    process only: a DDP-wrapped model cannot take two forwards per backward)."""
     if not fastpath.SHARED_PROMPTS or device.type not in fastpath.FAST_PATH_DEVICES or not fastpath.fast_ok(model):
         return None
     if getattr(model, "module", None) is not None or getattr(model, "is_gradient_checkpointing", False):
@@ -85,21 +89,85 @@ def _shared_prompts(model, rollout: Rollout, rows: torch.Tensor, device):
     return uniq[:, :P], uniq[:, P:], inv
 
 
-def _shared_prompt_logits(model, ids, mask, pos, T: int, u_ids, u_mask, inv) -> torch.Tensor:
-    """The logits of the plain forward's last ``T + 1`` positions, with each distinct prompt read once: the
-    prompts' keys and values (and last logits) are computed per distinct prompt and indexed out to their
-    rows, then the responses read them from the cache. Same function: a prompt position never attends to
-    a response."""
+def _read_distinct(model, u_ids, u_mask):
+    """One forward over the distinct prompts: ``(cache, last-position logits)``."""
     from transformers import DynamicCache
 
-    P = u_ids.shape[1]
     cfg = getattr(model, "config", None)
     cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
     u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
     first = model(input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, past_key_values=cache,
                   use_cache=True, logits_to_keep=1)
-    cache = first.past_key_values
+    return first.past_key_values, first.logits
+
+
+def _shared_prompt_logits(model, ids, mask, pos, T: int, u_ids, u_mask, inv) -> torch.Tensor:
+    """The logits of the plain forward's last ``T + 1`` positions, with each distinct prompt read once: the
+    prompts' keys and values (and last logits) are computed per distinct prompt and indexed out to their
+    rows, then the responses read them from the cache. Same function: a prompt position never attends to
+    a response."""
+    P = u_ids.shape[1]
+    cache, first = _read_distinct(model, u_ids, u_mask)
     cache.batch_select_indices(inv)
     rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
                  use_cache=True, logits_to_keep=T).logits
-    return torch.cat([first.logits[inv], rest], 1)
+    return torch.cat([first[inv], rest], 1)
+
+
+class PromptPrefix:
+    """The distinct prompts of a mini-batch read once under autograd, for the update's chunks to share.
+
+    A GRPO mini-batch holds each prompt ``group_size`` times; the update's forward per chunk would read
+    every copy. Here the prompts' keys, values and last logits are computed once (:func:`read_prompts`)
+    and handed to each chunk as detached leaves: a chunk's backward stops at them, adding its share of
+    their gradient there, and :meth:`backward` then runs the prompts' own backward once with the sum.
+    The same gradient as a forward per chunk over its prompts, added up in another order."""
+
+    def __init__(self, cache, last_logits, inv_B):
+        self._src = [t for layer in cache.layers for t in (layer.keys, layer.values)] + [last_logits]
+        self._leaf = [t.detach().requires_grad_() for t in self._src]
+        self._inv_B = inv_B  # each batch row's prompt index (-1: a row outside the mini-batch)
+
+    def logits(self, model, ids, mask, pos, T: int, rows: torch.Tensor) -> torch.Tensor:
+        """As :func:`_shared_prompt_logits` for ``rows``, reading the prompts from this prefix."""
+        from transformers import DynamicCache
+
+        cfg = getattr(model, "config", None)
+        cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
+        inv = self._inv_B[rows]
+        *kv, last = self._leaf
+        for i in range(0, len(kv), 2):
+            cache.update(kv[i][inv], kv[i + 1][inv], i // 2)
+        P = ids.shape[1] - T
+        rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
+                     use_cache=True, logits_to_keep=T).logits
+        return torch.cat([last[inv], rest], 1)
+
+    def backward(self) -> None:
+        """The prompts' backward, once, with the gradient the chunks left on the leaves."""
+        pairs = [(s, leaf.grad) for s, leaf in zip(self._src, self._leaf) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
+        self._src = self._leaf = []
+
+
+def read_prompts(model, rollout: Rollout, rows: torch.Tensor) -> PromptPrefix | None:
+    """The distinct prompts of ``rows`` read once with autograd on (:class:`PromptPrefix`) where the update
+    may share them: ``fastpath.SHARED_PROMPTS_UPDATE`` on, ``model`` an unwrapped full-attention decoder on
+    a fast-path device (one process: a DDP- or FSDP-wrapped model takes one forward per backward), and
+    some prompt repeated; else None (a forward per chunk over its own prompts)."""
+    device = rollout.prompt_ids_BP.device
+    if (not fastpath.SHARED_PROMPTS_UPDATE or not torch.is_grad_enabled() or device.type not in fastpath.FAST_PATH_DEVICES
+            or not fastpath.fast_ok(model) or getattr(model, "module", None) is not None
+            or getattr(model, "is_gradient_checkpointing", False)):
+        return None
+    p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows].long()
+    uniq, inv = torch.unique(torch.cat([p_ids, p_mask], -1), dim=0, return_inverse=True)
+    if len(uniq) == len(rows):
+        return None
+    P = p_ids.shape[1]
+    with gqa_attention(model):
+        cache, last = _read_distinct(model, uniq[:, :P], uniq[:, P:])
+    inv_B = torch.full((rollout.batch_size,), -1, dtype=torch.long, device=device)
+    inv_B[rows] = inv
+    return PromptPrefix(cache, last, inv_B)

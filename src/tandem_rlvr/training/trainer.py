@@ -19,7 +19,7 @@ import torch
 
 from tandem_rlvr.config import Config
 from tandem_rlvr.engines.base import PromptBatch
-from tandem_rlvr.engines.scoring import sequence_logps
+from tandem_rlvr.engines.scoring import read_prompts, sequence_logps
 from tandem_rlvr.engines.types import Rollout, Sampling, concat_rollouts
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr import logs, trackers
@@ -201,9 +201,10 @@ class Trainer:
             rows = rows[torch.argsort(rollout.response_mask_BT[rows].sum(-1), stable=True)]
         chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
         self.opt.zero_grad(set_to_none=True)
+        prefix = read_prompts(self.senior, rollout, rows) if n_proc == 1 else None
         parts = []
         for i, r in enumerate(chunks):
-            logps = sequence_logps(self.senior, rollout, cfg.rollout.temperature, rows=r)
+            logps = sequence_logps(self.senior, rollout, cfg.rollout.temperature, rows=r, prefix=prefix)
             loss, met = core.policy_loss(
                 logps, old[r], adv_B[r], mask[r], loss_type=cfg.algo.loss_type, clip_eps=cfg.algo.clip_eps,
                 clip_eps_high=cfg.algo.clip_eps_high, kl_beta=plan.kl_beta,
@@ -215,6 +216,8 @@ class Trainer:
                 self.acc.backward(loss * weight)
             met = {k: _num(v) for k, v in met.items()}
             parts.append(met | {"train/loss": _num(loss) * share, "train/pg_loss": met.get("train/pg_loss", 0.0) * share})
+        if prefix is not None:
+            prefix.backward()  # the prompts' share of the gradient, once for all chunks
         grad_norm = self._clip_and_step()
         summed = {"train/loss", "train/pg_loss", "train/num_tokens"}  # add up over the chunks
         out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in set().union(*parts) - summed}
