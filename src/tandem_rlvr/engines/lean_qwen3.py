@@ -4,7 +4,8 @@ weights, same arithmetic up to floating-point order) without its per-layer modul
 On the built-in worlds' tiny Qwen3s (3 layers, 96 wide) a rollout forward is overhead-bound: a decode
 step of transformers' model calls ~40 modules and ~130 ops per token, each far costlier than its
 arithmetic (issue 37). :class:`LeanQwen3` reads the model's weights once per rollout (q, k and v fused
-into one matrix, gate and up into another), keeps a preallocated KV cache, looks RoPE up in a table
+into one matrix, gate and up into another, each RMSNorm's weight folded into the matrix that reads its
+output, the q and k norms and RoPE applied to both head sets at once), keeps a preallocated KV cache, looks RoPE up in a table
 built from the model's own ``inv_freq``, and runs each step as a short list of tensor ops; the
 attention is SDPA with the grouped-query heads passed natively (``enable_gqa``), as the engine's
 ``gqa_attention`` does for transformers' forward.
@@ -57,7 +58,7 @@ def _weight_modules(model):
 
 
 class _Layer:
-    __slots__ = ("ln1", "qkv", "qn", "kn", "o", "ln2", "gu", "down", "k", "v")
+    __slots__ = ("qkv", "qkn", "o", "gu", "down", "k", "v")
 
 
 class LeanQwen3:
@@ -78,16 +79,16 @@ class LeanQwen3:
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scale = self.D ** -0.5  # Qwen3Attention.scaling
         self.embed = m.embed_tokens.weight.detach()
-        self.norm = m.norm.weight.detach()
-        self.head = model.lm_head.weight.detach()
+        self.head = (model.lm_head.weight * m.norm.weight).detach()  # the final norm's weight folded in
         dtype, device = self.embed.dtype, self.embed.device
         self.layers = []
-        for layer in m.layers:
+        for layer in m.layers:  # each RMSNorm's weight folded into the matrix that reads its output
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()
-            L.ln1, L.ln2 = layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()
-            L.qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
-            L.qn, L.kn, L.o = a.q_norm.weight.detach(), a.k_norm.weight.detach(), a.o_proj.weight.detach()
-            L.gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            L.qkv = (qkv * layer.input_layernorm.weight).detach()
+            L.qkn = torch.cat([a.q_norm.weight.expand(self.H, -1), a.k_norm.weight.expand(self.Hkv, -1)]).detach()
+            L.o = a.o_proj.weight.detach()
+            L.gu = (torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]) * layer.post_attention_layernorm.weight).detach()
             L.down = mlp.down_proj.weight.detach()
             L.k = torch.empty(batch, self.Hkv, min(max_len, capacity or max_len), self.D, dtype=dtype, device=device)
             L.v = torch.empty_like(L.k)
@@ -100,9 +101,6 @@ class LeanQwen3:
         self.n, self.max_len = 0, max_len  # filled cache slots; the most there will be
         self.B, self.rows = batch, None  # rows: the batch rows the cache still holds (None: all, in order)
         self.add_BL = None
-
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, w, self.eps)
 
     def _reserve(self, n: int) -> None:
         grow_caches(self.layers, self.n, n, self.max_len, seq_dim=2)
@@ -136,9 +134,9 @@ class LeanQwen3:
         cos, sin = self.cos[pos_BQ][:, None], self.sin[pos_BQ][:, None]  # (B, 1, Q, D)
         x = F.embedding(ids_BQ, self.embed)
         for L in self.layers:
-            qkv = F.linear(self._rms(x, L.ln1), L.qkv).view(B, Q, H + 2 * Hkv, D)
-            q = rope(self._rms(qkv[:, :, :H], L.qn).transpose(1, 2), cos, sin)
-            k = rope(self._rms(qkv[:, :, H:H + Hkv], L.kn).transpose(1, 2), cos, sin)
+            qkv = F.linear(rms_norm(x, None, self.eps), L.qkv).view(B, Q, H + 2 * Hkv, D)
+            qk = rope(rms_norm(qkv[:, :, :H + Hkv], L.qkn, self.eps).transpose(1, 2), cos, sin)  # q and k heads at once
+            q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, :, H + Hkv:].transpose(1, 2)
             L.k[:, :, a:b] = k if expand is None else k[expand]
             L.v[:, :, a:b] = v if expand is None else v[expand]
@@ -151,19 +149,20 @@ class LeanQwen3:
                 att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=H != Hkv)
                 att = att.transpose(1, 2).reshape(B, Q, H * D)
             x = x + F.linear(att, L.o)
-            g, u = F.linear(self._rms(x, L.ln2), L.gu).chunk(2, -1)
+            g, u = F.linear(rms_norm(x, None, self.eps), L.gu).chunk(2, -1)
             x = x + F.linear(F.silu(g) * u, L.down)
         self.n = b
         x = x[:, Q - keep:]
-        logits = F.linear(self._rms(x if expand is None else x[expand], self.norm), self.head)
+        logits = F.linear(rms_norm(x if expand is None else x[expand], None, self.eps), self.head)
         return all_rows(logits, self.rows, self.B, dim=0)
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps) -> torch.Tensor:
-    """Qwen3's RMSNorm in float32 (``eps`` a number or a tensor that broadcasts), back in ``x``'s dtype."""
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps) -> torch.Tensor:
+    """Qwen3's RMSNorm in float32 (``eps`` a number or a tensor that broadcasts), back in ``x``'s dtype;
+    ``w`` None: without the weight (folded into the matrix that reads the output)."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
+    return xf.to(x.dtype) if w is None else w * xf.to(x.dtype)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -124,9 +124,15 @@ def draw(probs_BV: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if not bool(((total_B > 0) & torch.isfinite(total_B)).all()) or bool((probs_BV < 0).any()):
         raise RuntimeError("probability tensor contains either inf, nan or element < 0 (or a row of zeros)")
     u_B1 = torch.rand(probs_BV.shape[0], 1, generator=gen, dtype=torch.float64) * cdf_BV[:, -1:]
-    idx_B = torch.searchsorted(cdf_BV, u_B1, right=True).squeeze(-1)
-    last_B = probs_BV.shape[-1] - 1 - (probs_BV > 0).flip(-1).long().argmax(-1)
-    return torch.minimum(idx_B, last_B)
+    V = probs_BV.shape[-1]
+    idx_B1 = torch.searchsorted(cdf_BV, u_B1, right=True).clamp_(max=V - 1)
+    # cdf[i-1] <= u < cdf[i] means probs[i] > 0: only a u that rounded up to the total (index V) can land on a
+    # token of probability 0 after the clamp; that row takes its last token of positive probability
+    bad_B1 = probs_BV.gather(-1, idx_B1) <= 0
+    if bool(bad_B1.any()):
+        last_B1 = V - 1 - (probs_BV > 0).flip(-1).long().argmax(-1, keepdim=True)
+        idx_B1 = torch.where(bad_B1, last_B1, idx_B1)
+    return idx_B1.squeeze(-1)
 
 
 def logp_of(logits_BV: torch.Tensor, tok_B: torch.Tensor, temperature: float) -> torch.Tensor:
