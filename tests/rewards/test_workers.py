@@ -56,6 +56,26 @@ def test_a_check_over_the_memory_cap_is_an_error_and_its_worker_is_replaced():
     assert rewards == [1.0] and stats["reward/errors"] == 0, stats
 
 
+def test_the_parent_reads_a_busy_workers_memory_and_replaces_it_over_the_cap(monkeypatch):
+    """The parent's own reading of a busy worker's memory (a check in C code holds the worker's GIL, so the
+    worker's guard thread may not run): a worker read as over its cap while checking is killed, its check
+    an error, and a new one runs the next check; an idle worker is never read as busy. Here the worker's
+    own guard never fires (a 10 GB cap) and the parent is made to read 20 GB for the busy worker."""
+    from tandem_rlvr.rewards import scorer as scorer_mod
+
+    reads = []
+    monkeypatch.setattr(scorer_mod, "rss_bytes", lambda pid: reads.append(pid) or 20_000 * 2**20)
+    with RewardScorer("math", num_workers=1, time_limit=60, memory_limit_mb=10_000) as scorer:
+        scorer.start()
+        pid = scorer._workers[0].proc.pid
+        rewards, stats = scorer.score(["\\boxed{2^{2^{26}}}"], ["1"])  # ~0.5 s of big-integer work
+        assert rewards == [0.0] and stats["reward/errors"] == 1 and stats["reward/worker_restarts"] == 1, stats
+        assert reads and set(reads) == {pid}
+        monkeypatch.setattr(scorer_mod, "rss_bytes", lambda pid: 0)
+        rewards, stats = scorer.score(["\\boxed{4}"], ["4"])
+        assert rewards == [1.0] and stats["reward/errors"] == 0 and scorer._workers[0].proc.pid != pid, stats
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_the_watchdog_kills_a_stuck_verifier_worker(tmp_path):
     """A worker stuck in C code (its own timer cannot stop it) does not outlive the watchdog's exit 124."""

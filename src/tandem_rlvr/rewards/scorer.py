@@ -31,7 +31,7 @@ from typing import Any
 
 from tandem_rlvr.names import REWARD_KINDS
 from tandem_rlvr.rewards.extract import prepare_check
-from tandem_rlvr.rewards.workers import Worker, shutdown_workers
+from tandem_rlvr.rewards.workers import Worker, rss_bytes, shutdown_workers
 
 __all__ = ["DEFAULT_TIME_LIMIT", "RewardScorer"]
 
@@ -43,6 +43,7 @@ MAX_ANSWER_CHARS = 2_000  # a longer boxed answer (or gold) scores 0 without a w
 SOFT_LIMIT_FRACTION = 0.85
 START_TIMEOUT = 60.0  # seconds a new worker may take to import math-verify and report ready
 MEMORY_LIMIT_MB = 4096  # address-space cap of a worker (None: no cap)
+MEMORY_POLL_PARENT_S = 0.02  # how often the parent reads a busy worker's resident memory
 
 
 class RewardScorer:
@@ -222,6 +223,8 @@ class RewardScorer:
             return
         ends = [w.deadline if w.job is not None else w.started_at + self.start_timeout for w in live]
         timeout = max(0.0, min(ends) - time.monotonic())
+        if any(w.job is not None and w.memory_limit_mb for w in live):
+            timeout = min(timeout, MEMORY_POLL_PARENT_S)  # wake to read the busy workers' memory
         by_conn = {id(w.conn): w for w in live}
         try:
             ready = mp_connection.wait([w.conn for w in live], timeout=timeout)
@@ -242,6 +245,18 @@ class RewardScorer:
             elif w.job is not None and msg[0] == w.job:
                 results[w.job] = (msg[1], msg[2])
                 w.job = None
+        self._over_memory(results)
+
+    def _over_memory(self, results: list) -> None:
+        """A busy worker whose resident memory passed its cap is killed, its check an error, and replaced.
+        Read from here because the worker's own guard thread cannot run while a check holds its GIL."""
+        for w in self._workers:
+            if w.job is None or not w.memory_limit_mb or w.proc is None:
+                continue
+            rss = rss_bytes(w.proc.pid)
+            if rss is not None and rss > w.memory_limit_mb * 2**20:
+                results[w.job] = ("error", 0.0)
+                self._restart(w)
 
     def _expire(self, results: list) -> None:
         now = time.monotonic()

@@ -93,8 +93,24 @@ def _rss_bytes(fd: int) -> int:
     return int(os.pread(fd, 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of process ``pid`` in bytes (Linux ``/proc``); None where it cannot be read."""
+    try:
+        fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return _rss_bytes(fd)
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(fd)
+
+
 def _guard_memory(cap: int) -> None:
-    """Exit the worker (:data:`MEMORY_EXIT`) once its resident memory passes ``cap`` bytes (Linux)."""
+    """Exit the worker (:data:`MEMORY_EXIT`) once its resident memory passes ``cap`` bytes (Linux). A thread of
+    the worker: it cannot run while a check holds the GIL in C code (a big integer power), so the parent
+    also reads a busy worker's memory (``RewardScorer._over_memory``)."""
     try:
         fd = os.open("/proc/self/statm", os.O_RDONLY)
         _rss_bytes(fd)
@@ -110,10 +126,15 @@ def _cap_memory(memory_limit_mb: int | None) -> None:
     if not memory_limit_mb:
         return
     cap = int(memory_limit_mb) * 1024 * 1024
+    # The cap is enforced on resident memory (the guard thread and the parent's reads): a check over it is an
+    # error. The address-space limit is only a backstop for one allocation too large to be watched growing, set
+    # well above the cap: an allocation it refuses raises a MemoryError that math-verify turns into "not equal"
+    # (a 0, not an error), so a limit near the cap would make a check over the cap a silent 0 by chance.
+    backstop = max(2 * cap, cap + (1 << 30))
     try:
         import resource
 
-        resource.setrlimit(resource.RLIMIT_AS, (2 * cap, 2 * cap))
+        resource.setrlimit(resource.RLIMIT_AS, (backstop, backstop))
     except (ImportError, ValueError, OSError):
         pass
     threading.Thread(target=_guard_memory, args=(cap,), name="memory-cap", daemon=True).start()
