@@ -5,7 +5,9 @@
   rollouts on the built-in world's Qwen3s (greedy: same tokens, owners and decisions token for token,
   log-probs close) with the lean decoder on and off, lockstep and catch-up; finished rows dropped;
 - ``engines.scoring`` with shared prompts: log-probs against the one-forward path; off under autograd
-  under autograd, and the same whatever the batch holds.
+  in ``sequence_logps`` alone, and the same whatever the batch holds; read once under autograd by
+  ``read_prompts`` (the update's path): the per-chunk gradient, all weights trained or a LoRA on q and v;
+- ``TANDEM_RLVR_FASTPATH_OFF``: the switches it names are off, a typo is an error.
 """
 
 import copy
@@ -299,3 +301,42 @@ def test_fast_path_switches_turn_off_from_the_environment_and_a_typo_is_an_error
     with pytest.raises(ValueError, match=r"TANDEM_RLVR_FASTPATH_OFF: unknown fast-path switch\(es\) PAIRS; known: .*PAIR"):
         fastpath.switches_off_from_env({fastpath.OFF_ENV: "PAIRS,LEAN"})
     assert fastpath.LEAN  # nothing turned off when one name is wrong
+
+
+@pytest.mark.parametrize("trained", ["all", "lora_qv"])
+def test_prompts_read_once_under_autograd_give_the_per_chunk_gradient(tokenizer, trained):
+    """engines.scoring.read_prompts: the distinct prompts read once with autograd on, two chunks reading them as
+    leaves and the prompts' backward run once after them, give every trained weight the gradient of a forward
+    per chunk over its own prompts (float order). With a LoRA on q and v only, the first layer's keys depend on
+    no trained weight: they stay constants (a leaf for them made the prompts' backward fail)."""
+    from peft import LoraConfig, get_peft_model
+
+    from tandem_rlvr.engines.scoring import read_prompts
+
+    model = make_tiny_model(len(tokenizer), 0, 32)
+    if trained == "lora_qv":
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # peft starts B at 0: no gradient would reach A
+                torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(1))
+    V = model.config.vocab_size
+    p_ids, p_mask = _left_padded(2, 6, V, seed=3)
+    rows = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    ro = _rollout(p_ids[rows], p_mask[rows], V, 7, seed=4)
+    grads = {}
+    for shared in (False, True):
+        model.zero_grad(set_to_none=True)
+        prefix = read_prompts(model, ro, torch.arange(8)) if shared else None
+        assert (prefix is not None) == shared
+        for chunk in (torch.tensor([0, 1, 4, 5]), torch.tensor([2, 3, 6, 7])):
+            lp = sequence_logps(model, ro, 0.7, rows=chunk, prefix=prefix)
+            (lp * ro.response_mask_BT[chunk]).sum().backward()
+        if prefix is not None:
+            prefix.backward()
+        grads[shared] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    a, b = grads[False], grads[True]
+    assert a.keys() == b.keys() and a
+    assert all(("lora_" in n) == (trained == "lora_qv") for n in a)
+    for n in a:
+        scale = a[n].abs().max().item()
+        assert scale > 0 and (a[n] - b[n]).abs().max().item() <= 1e-5 * scale, n

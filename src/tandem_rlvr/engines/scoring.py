@@ -125,7 +125,9 @@ class PromptPrefix:
 
     def __init__(self, cache, last_logits, inv_B):
         self._src = [t for layer in cache.layers for t in (layer.keys, layer.values)] + [last_logits]
-        self._leaf = [t.detach().requires_grad_() for t in self._src]
+        # a tensor no trainable weight reaches (the first layer's keys under a LoRA without k_proj) stays a
+        # constant: no leaf to collect a gradient, nothing to run backward through
+        self._leaf = [t.detach().requires_grad_(t.requires_grad) for t in self._src]
         self._inv_B = inv_B  # each batch row's prompt index (-1: a row outside the mini-batch)
 
     def logits(self, model, ids, mask, pos, T: int, rows: torch.Tensor) -> torch.Tensor:
@@ -145,7 +147,7 @@ class PromptPrefix:
 
     def backward(self) -> None:
         """The prompts' backward, once, with the gradient the chunks left on the leaves."""
-        pairs = [(s, leaf.grad) for s, leaf in zip(self._src, self._leaf) if leaf.grad is not None]
+        pairs = [(s, leaf.grad) for s, leaf in zip(self._src, self._leaf) if s.requires_grad and leaf.grad is not None]
         if pairs:
             torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
         self._src = self._leaf = []
