@@ -340,3 +340,26 @@ def test_prompts_read_once_under_autograd_give_the_per_chunk_gradient(tokenizer,
     for n in a:
         scale = a[n].abs().max().item()
         assert scale > 0 and (a[n] - b[n]).abs().max().item() <= 1e-5 * scale, n
+
+
+def test_prompts_are_not_shared_under_autograd_when_dropout_is_sampled(tokenizer):
+    """With dropout active in a training forward (a module's rate or the attention's), each copy of a prompt
+    must draw its own mask: read_prompts declines (a forward per chunk), and takes the path again in eval
+    mode or at rate 0."""
+    from tandem_rlvr.engines.scoring import read_prompts
+
+    def repeated(V):
+        p_ids, p_mask = _left_padded(2, 6, V, seed=3)
+        return _rollout(p_ids[torch.tensor([0, 0, 1, 1])], p_mask[torch.tensor([0, 0, 1, 1])], V, 5)
+
+    rows = torch.arange(4)
+    model = make_tiny_model(len(tokenizer), 0, 32).train()
+    ro = repeated(model.config.vocab_size)
+    assert read_prompts(model, ro, rows) is not None
+    model.config.attention_dropout = 0.1
+    assert read_prompts(model, ro, rows) is None and read_prompts(model.eval(), ro, rows) is not None
+    model = _qwen3().train()
+    ro = repeated(model.config.vocab_size)
+    assert read_prompts(model, ro, rows) is not None
+    model.model.layers[0].mlp.act_fn = torch.nn.Sequential(model.model.layers[0].mlp.act_fn, torch.nn.Dropout(0.2))
+    assert read_prompts(model, ro, rows) is None

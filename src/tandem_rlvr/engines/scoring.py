@@ -153,15 +153,26 @@ class PromptPrefix:
         self._src = self._leaf = []
 
 
+def _drops_out(model) -> bool:
+    """Whether a training forward of ``model`` samples dropout (its modules or its attention's rate): the copies
+    of a prompt would then share one mask instead of drawing their own, so the prompts are not shared."""
+    if not model.training:
+        return False
+    cfg = getattr(model, "config", None)
+    if float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
+        return True
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+
+
 def read_prompts(model, rollout: Rollout, rows: torch.Tensor) -> PromptPrefix | None:
     """The distinct prompts of ``rows`` read once with autograd on (:class:`PromptPrefix`) where the update
     may share them: ``fastpath.SHARED_PROMPTS_UPDATE`` on, ``model`` an unwrapped full-attention decoder on
-    a fast-path device (one process: a DDP- or FSDP-wrapped model takes one forward per backward), and
-    some prompt repeated; else None (a forward per chunk over its own prompts)."""
+    a fast-path device (one process: a DDP- or FSDP-wrapped model takes one forward per backward) without
+    active dropout, and some prompt repeated; else None (a forward per chunk over its own prompts)."""
     device = rollout.prompt_ids_BP.device
     if (not fastpath.SHARED_PROMPTS_UPDATE or not torch.is_grad_enabled() or device.type not in fastpath.FAST_PATH_DEVICES
             or not fastpath.fast_ok(model) or getattr(model, "module", None) is not None
-            or getattr(model, "is_gradient_checkpointing", False)):
+            or getattr(model, "is_gradient_checkpointing", False) or _drops_out(model)):
         return None
     p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows].long()
     uniq, inv = torch.unique(torch.cat([p_ids, p_mask], -1), dim=0, return_inverse=True)
