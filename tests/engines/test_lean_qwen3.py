@@ -11,6 +11,7 @@
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -356,10 +357,59 @@ def test_prompts_are_not_shared_under_autograd_when_dropout_is_sampled(tokenizer
     model = make_tiny_model(len(tokenizer), 0, 32).train()
     ro = repeated(model.config.vocab_size)
     assert read_prompts(model, ro, rows) is not None
-    model.config.attention_dropout = 0.1
-    assert read_prompts(model, ro, rows) is None and read_prompts(model.eval(), ro, rows) is not None
+    for field in ("attention_dropout", "dropout", "resid_pdrop", "layerdrop"):  # rates applied functionally
+        setattr(model.config, field, 0.1)
+        assert read_prompts(model, ro, rows) is None and read_prompts(model.eval(), ro, rows) is not None, field
+        setattr(model.config, field, 0.0)
+        model.train()
     model = _qwen3().train()
     ro = repeated(model.config.vocab_size)
     assert read_prompts(model, ro, rows) is not None
     model.model.layers[0].mlp.act_fn = torch.nn.Sequential(model.model.layers[0].mlp.act_fn, torch.nn.Dropout(0.2))
     assert read_prompts(model, ro, rows) is None
+
+
+def test_norm_weights_are_folded_in_float32_only_and_bf16_keeps_transformers_order():
+    """float32: the layers' RMSNorm weights are folded into qkv and gate/up (one op less per norm, float32
+    rounding only, checked by the logits tests above); bf16 keeps them apart (w * x, then x W, as transformers
+    computes) because a bf16 fold rounds the product once more (~1.5 bf16 steps of the logits were seen). The
+    bf16 logits stay within a few bf16 steps of transformers' (a gross-error bound: the structure is the test)."""
+    torch.manual_seed(0)
+    model = _qwen3(num_attention_heads=6, num_key_value_heads=2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.mul_(torch.rand(p.shape, generator=torch.Generator().manual_seed(2)) + 0.5)
+    assert all(L.ln1 is None and L.ln2 is None for L in LeanQwen3(model, 2, 8).layers)
+    model = model.to(torch.bfloat16)
+    lean = LeanQwen3(model, 4, 10)
+    first = model.model.layers[0]
+    assert torch.equal(lean.layers[0].ln1, first.input_layernorm.weight) and torch.equal(
+        lean.layers[0].ln2, first.post_attention_layernorm.weight)
+    assert torch.equal(lean.layers[0].qkv[: first.self_attn.q_proj.weight.shape[0]], first.self_attn.q_proj.weight)
+    ids, mask = _left_padded(4, 10, model.config.vocab_size)
+    pos, real = (mask.cumsum(-1) - 1).clamp(min=0), mask.bool()
+    cols = torch.arange(10)
+    with torch.inference_mode():
+        ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        lean.set_padding(real)
+        out = lean.forward(ids, pos, (real[:, None, None, :] & (cols[None] <= cols[:, None])) | torch.eye(10, dtype=torch.bool), 10)
+    scale = float(ref[real].abs().max())
+    step = 2.0 ** (math.floor(math.log2(scale)) - 7)  # one bf16 step at the logits' scale
+    assert float((out[real] - ref[real]).abs().max()) <= 4 * step
+
+
+def test_prompts_are_read_once_only_when_they_fit_the_chunk_size(tokenizer):
+    """read_prompts holds the prompts' graph until every chunk is done: with more distinct prompts than a chunk
+    has rows (``max_prompts``, the trainer's micro-batch) it declines, so algo.micro_batch still bounds the
+    prompt activations held at once; a batch without repeats has nothing to share."""
+    from tandem_rlvr.engines.scoring import read_prompts
+
+    model = make_tiny_model(len(tokenizer), 0, 32).train()
+    V = model.config.vocab_size
+    p_ids, p_mask = _left_padded(4, 6, V, seed=3)
+    pick = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    ro, rows = _rollout(p_ids[pick], p_mask[pick], V, 5), torch.arange(8)
+    assert read_prompts(model, ro, rows, max_prompts=3) is None
+    assert read_prompts(model, ro, rows, max_prompts=4) is not None and read_prompts(model, ro, rows) is not None
+    assert read_prompts(model, _rollout(p_ids, p_mask, V, 5), torch.arange(4)) is None

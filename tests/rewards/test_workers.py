@@ -76,6 +76,26 @@ def test_the_parent_reads_a_busy_workers_memory_and_replaces_it_over_the_cap(mon
         assert rewards == [1.0] and stats["reward/errors"] == 0 and scorer._workers[0].proc.pid != pid, stats
 
 
+def test_an_answer_already_sent_is_kept_when_the_memory_reading_comes_after_it(monkeypatch):
+    """The parent reads a busy worker's memory after its wait: an answer that arrived in between is read, not
+    thrown away as an error, even when the memory reads over the cap (the worker's own guard handles it)."""
+    from tandem_rlvr.rewards import scorer as scorer_mod
+
+    with RewardScorer("math", num_workers=1, time_limit=60, memory_limit_mb=10_000) as scorer:
+        scorer.start()
+        w = scorer._workers[0]
+
+        def late_reading(pid):  # the reading lands once the answer is in the pipe
+            end = time.monotonic() + 10
+            while not w.conn.poll() and time.monotonic() < end:
+                time.sleep(0.001)
+            return 20_000 * 2**20
+
+        monkeypatch.setattr(scorer_mod, "rss_bytes", late_reading)
+        rewards, stats = scorer.score(["\\boxed{2^{2^{25}}}"], ["2^{2^{25}}"])  # longer than the first 20 ms wait
+    assert rewards == [1.0] and stats["reward/errors"] == 0 and stats["reward/worker_restarts"] == 0, stats
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_the_watchdog_kills_a_stuck_verifier_worker(tmp_path):
     """A worker stuck in C code (its own timer cannot stop it) does not outlive the watchdog's exit 124."""

@@ -35,7 +35,7 @@ def _pad_rows(w: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class _Layer2:
-    __slots__ = ("qkv", "qkn", "o", "gu", "down", "k", "v")
+    __slots__ = ("ln1", "qkv", "qkn", "o", "ln2", "gu", "down", "k", "v")
 
 
 class LeanPair:
@@ -48,6 +48,7 @@ class LeanPair:
         dev, dtype = a.embed.device, a.embed.dtype
         self.eps = torch.tensor([a.eps, b.eps], dtype=torch.float32, device=dev).view(2, 1, 1, 1)
         self.embed = torch.stack([a.embed, b.embed])
+        self.norm = torch.stack([a.norm, b.norm]).view(2, 1, 1, -1)
         self.head_T = torch.stack([a.head.T, b.head.T])  # (2, hidden, V)
         self.cos, self.sin = torch.stack([a.cos, b.cos]), torch.stack([a.sin, b.sin])
         self.add_BL = a.add_BL
@@ -58,7 +59,9 @@ class LeanPair:
 
     @staticmethod
     def _layer(la, lb) -> _Layer2:
-        L = _Layer2()  # the RMSNorm weights come folded in (LeanQwen3)
+        L = _Layer2()  # in float32 the layers' RMSNorm weights come folded into qkv and gu (LeanQwen3)
+        L.ln1 = None if la.ln1 is None else torch.stack([la.ln1, lb.ln1]).view(2, 1, 1, -1)
+        L.ln2 = None if la.ln2 is None else torch.stack([la.ln2, lb.ln2]).view(2, 1, 1, -1)
         L.qkv = torch.stack([la.qkv.T, lb.qkv.T])
         L.qkn = torch.stack([la.qkn, lb.qkn]).view(2, 1, 1, *la.qkn.shape)
         L.o = torch.stack([la.o.T, lb.o.T])
@@ -96,14 +99,14 @@ class LeanPair:
         for L in self.layers:
             x = self._block(L, x, cos, sin, mask2, a, b, grouped)
         self.n = b
-        x = rms_norm(x[:, :, Q - keep:], None, self.eps)
+        x = rms_norm(x[:, :, Q - keep:], self.norm, self.eps)
         logits = torch.matmul(x.reshape(2, B * keep, -1), self.head_T).view(2, B, keep, -1)
         return all_rows(logits, self.rows, self.B, dim=1)
 
     def _block(self, L: _Layer2, x, cos, sin, mask2, a: int, b: int, grouped: bool) -> torch.Tensor:
         _, B, Q, h = x.shape
         H, Hkv, D = self.H, self.Hkv, self.D
-        qkv = torch.matmul(rms_norm(x, None, self.eps).reshape(2, B * Q, h), L.qkv).view(2, B, Q, H + 2 * Hkv, D)
+        qkv = torch.matmul(rms_norm(x, L.ln1, self.eps).reshape(2, B * Q, h), L.qkv).view(2, B, Q, H + 2 * Hkv, D)
         eps5 = self.eps.view(2, 1, 1, 1, 1)
         qk = rope(rms_norm(qkv[:, :, :, :H + Hkv], L.qkn, eps5).transpose(2, 3), cos, sin)  # q and k heads at once
         q, k = qk[:, :, :H], qk[:, :, H:]
@@ -118,6 +121,6 @@ class LeanPair:
                                                  enable_gqa=H != Hkv)
             att = att.view(2, B, H, Q, D).transpose(2, 3).reshape(2, B * Q, H * D)
         x = x + torch.matmul(att, L.o).view(2, B, Q, h)
-        g, u = torch.matmul(rms_norm(x, None, self.eps).reshape(2, B * Q, h), L.gu).chunk(2, -1)
+        g, u = torch.matmul(rms_norm(x, L.ln2, self.eps).reshape(2, B * Q, h), L.gu).chunk(2, -1)
         return x + torch.matmul(F.silu(g) * u, L.down).view(2, B, Q, h)
 

@@ -4,8 +4,8 @@ weights, same arithmetic up to floating-point order) without its per-layer modul
 On the built-in worlds' tiny Qwen3s (3 layers, 96 wide) a rollout forward is overhead-bound: a decode
 step of transformers' model calls ~40 modules and ~130 ops per token, each far costlier than its
 arithmetic (issue 37). :class:`LeanQwen3` reads the model's weights once per rollout (q, k and v fused
-into one matrix, gate and up into another, each RMSNorm's weight folded into the matrix that reads its
-output, the q and k norms and RoPE applied to both head sets at once), keeps a preallocated KV cache, looks RoPE up in a table
+into one matrix, gate and up into another, in float32 each layer's RMSNorm weights folded into the matrix
+that reads the norm's output, the q and k norms and RoPE applied to both head sets at once), keeps a preallocated KV cache, looks RoPE up in a table
 built from the model's own ``inv_freq``, and runs each step as a short list of tensor ops; the
 attention is SDPA with the grouped-query heads passed natively (``enable_gqa``), as the engine's
 ``gqa_attention`` does for transformers' forward.
@@ -58,7 +58,7 @@ def _weight_modules(model):
 
 
 class _Layer:
-    __slots__ = ("qkv", "qkn", "o", "gu", "down", "k", "v")
+    __slots__ = ("ln1", "qkv", "qkn", "o", "ln2", "gu", "down", "k", "v")
 
 
 class LeanQwen3:
@@ -79,16 +79,22 @@ class LeanQwen3:
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scale = self.D ** -0.5  # Qwen3Attention.scaling
         self.embed = m.embed_tokens.weight.detach()
-        self.head = (model.lm_head.weight * m.norm.weight).detach()  # the final norm's weight folded in
+        self.norm, self.head = m.norm.weight.detach(), model.lm_head.weight.detach()  # views: no copy of the head
         dtype, device = self.embed.dtype, self.embed.device
+        # float32: each layer's RMSNorm weights folded into the matrix that reads the norm's output (one op less
+        # per norm, the same up to float32 rounding); other dtypes keep transformers' order (w * x, then x W),
+        # which a bf16 fold would round differently
+        fold = dtype == torch.float32
         self.layers = []
-        for layer in m.layers:  # each RMSNorm's weight folded into the matrix that reads its output
+        for layer in m.layers:
             a, mlp, L = layer.self_attn, layer.mlp, _Layer()
-            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            L.qkv = (qkv * layer.input_layernorm.weight).detach()
+            ln1, ln2 = layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()
+            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+            gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+            L.ln1, L.ln2 = (None, None) if fold else (ln1, ln2)
+            L.qkv, L.gu = (qkv * ln1, gu * ln2) if fold else (qkv, gu)
             L.qkn = torch.cat([a.q_norm.weight.expand(self.H, -1), a.k_norm.weight.expand(self.Hkv, -1)]).detach()
             L.o = a.o_proj.weight.detach()
-            L.gu = (torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]) * layer.post_attention_layernorm.weight).detach()
             L.down = mlp.down_proj.weight.detach()
             L.k = torch.empty(batch, self.Hkv, min(max_len, capacity or max_len), self.D, dtype=dtype, device=device)
             L.v = torch.empty_like(L.k)
@@ -134,7 +140,7 @@ class LeanQwen3:
         cos, sin = self.cos[pos_BQ][:, None], self.sin[pos_BQ][:, None]  # (B, 1, Q, D)
         x = F.embedding(ids_BQ, self.embed)
         for L in self.layers:
-            qkv = F.linear(rms_norm(x, None, self.eps), L.qkv).view(B, Q, H + 2 * Hkv, D)
+            qkv = F.linear(rms_norm(x, L.ln1, self.eps), L.qkv).view(B, Q, H + 2 * Hkv, D)
             qk = rope(rms_norm(qkv[:, :, :H + Hkv], L.qkn, self.eps).transpose(1, 2), cos, sin)  # q and k heads at once
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, :, H + Hkv:].transpose(1, 2)
@@ -149,11 +155,11 @@ class LeanQwen3:
                 att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=H != Hkv)
                 att = att.transpose(1, 2).reshape(B, Q, H * D)
             x = x + F.linear(att, L.o)
-            g, u = F.linear(rms_norm(x, None, self.eps), L.gu).chunk(2, -1)
+            g, u = F.linear(rms_norm(x, L.ln2, self.eps), L.gu).chunk(2, -1)
             x = x + F.linear(F.silu(g) * u, L.down)
         self.n = b
         x = x[:, Q - keep:]
-        logits = F.linear(rms_norm(x if expand is None else x[expand], None, self.eps), self.head)
+        logits = F.linear(rms_norm(x if expand is None else x[expand], self.norm, self.eps), self.head)
         return all_rows(logits, self.rows, self.B, dim=0)
 
 

@@ -153,22 +153,36 @@ class PromptPrefix:
         self._src = self._leaf = []
 
 
+_DROPOUT_FIELDS = ("attention_dropout", "dropout", "hidden_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
+                   "resid_pdrop", "embd_pdrop", "attn_pdrop", "activation_dropout", "layerdrop", "ffn_dropout")
+
+
 def _drops_out(model) -> bool:
-    """Whether a training forward of ``model`` samples dropout (its modules or its attention's rate): the copies
-    of a prompt would then share one mask instead of drawing their own, so the prompts are not shared."""
+    """Whether a training forward of ``model`` may sample dropout (a dropout module, or a rate in its config
+    that transformers applies functionally): the copies of a prompt would then share one mask instead of
+    drawing their own, so the prompts are not shared."""
     if not model.training:
         return False
     cfg = getattr(model, "config", None)
-    if float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
-        return True
+    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    for c in {id(x): x for x in (cfg, text) if x is not None}.values():
+        for field in _DROPOUT_FIELDS:
+            try:
+                if float(getattr(c, field, 0.0) or 0.0) > 0:
+                    return True
+            except (TypeError, ValueError):
+                return True  # a rate we cannot read: assume it drops out
     return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
 
 
-def read_prompts(model, rollout: Rollout, rows: torch.Tensor) -> PromptPrefix | None:
+def read_prompts(model, rollout: Rollout, rows: torch.Tensor, max_prompts: int | None = None) -> PromptPrefix | None:
     """The distinct prompts of ``rows`` read once with autograd on (:class:`PromptPrefix`) where the update
     may share them: ``fastpath.SHARED_PROMPTS_UPDATE`` on, ``model`` an unwrapped full-attention decoder on
     a fast-path device (one process: a DDP- or FSDP-wrapped model takes one forward per backward) without
-    active dropout, and some prompt repeated; else None (a forward per chunk over its own prompts)."""
+    active dropout, and some prompt repeated; else None (a forward per chunk over its own prompts). The prompts'
+    graph is held until every chunk is done: with more than ``max_prompts`` distinct prompts (the chunk size)
+    it would hold more prompt activations than a chunk does, so the memory bound of ``algo.micro_batch``
+    holds and the chunks read their own."""
     device = rollout.prompt_ids_BP.device
     if (not fastpath.SHARED_PROMPTS_UPDATE or not torch.is_grad_enabled() or device.type not in fastpath.FAST_PATH_DEVICES
             or not fastpath.fast_ok(model) or getattr(model, "module", None) is not None
@@ -176,7 +190,7 @@ def read_prompts(model, rollout: Rollout, rows: torch.Tensor) -> PromptPrefix | 
         return None
     p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows].long()
     uniq, inv = torch.unique(torch.cat([p_ids, p_mask], -1), dim=0, return_inverse=True)
-    if len(uniq) == len(rows):
+    if len(uniq) == len(rows) or (max_prompts is not None and len(uniq) > max_prompts):
         return None
     P = p_ids.shape[1]
     with gqa_attention(model):

@@ -31,7 +31,7 @@ from typing import Any
 
 from tandem_rlvr.names import REWARD_KINDS
 from tandem_rlvr.rewards.extract import prepare_check
-from tandem_rlvr.rewards.workers import Worker, rss_bytes, shutdown_workers
+from tandem_rlvr.rewards.workers import HAS_PROC, Worker, rss_bytes, shutdown_workers
 
 __all__ = ["DEFAULT_TIME_LIMIT", "RewardScorer"]
 
@@ -223,7 +223,7 @@ class RewardScorer:
             return
         ends = [w.deadline if w.job is not None else w.started_at + self.start_timeout for w in live]
         timeout = max(0.0, min(ends) - time.monotonic())
-        if any(w.job is not None and w.memory_limit_mb for w in live):
+        if HAS_PROC and any(w.job is not None and w.memory_limit_mb for w in live):
             timeout = min(timeout, MEMORY_POLL_PARENT_S)  # wake to read the busy workers' memory
         by_conn = {id(w.conn): w for w in live}
         try:
@@ -251,10 +251,12 @@ class RewardScorer:
         """A busy worker whose resident memory passed its cap is killed, its check an error, and replaced.
         Read from here because the worker's own guard thread cannot run while a check holds its GIL."""
         for w in self._workers:
-            if w.job is None or not w.memory_limit_mb or w.proc is None:
+            if w.job is None or not w.memory_limit_mb or w.proc is None or w.conn is None:
+                continue
+            if _answered(w):  # its answer is in: read it first (the next wait), never discard it
                 continue
             rss = rss_bytes(w.proc.pid)
-            if rss is not None and rss > w.memory_limit_mb * 2**20:
+            if rss is not None and rss > w.memory_limit_mb * 2**20 and not _answered(w):
                 results[w.job] = ("error", 0.0)
                 self._restart(w)
 
@@ -268,6 +270,14 @@ class RewardScorer:
                 logger.warning("rewards: a verifier worker did not start within %.0f s", self.start_timeout)
                 self._start_failures += 1
                 self._restart(w, counted=False)
+
+
+def _answered(w: Worker) -> bool:
+    """Whether ``w``'s connection holds a message not read yet (or cannot be polled: left to the next wait)."""
+    try:
+        return bool(w.conn.poll())
+    except (OSError, EOFError, ValueError):
+        return True
 
 
 def _check_kind(kind: str) -> str:

@@ -4,8 +4,10 @@ Worker side: a loop that answers ``(job_id, gold, pred, soft_limit)`` with math-
 timeouts off, stopped by an interval timer after the soft limit (a ``BaseException`` so that
 math-verify's handlers do not swallow it) and by a memory cap: a thread ends the worker (exit code
 :data:`MEMORY_EXIT`) once its resident memory passes the cap, so the check counts as an error and the
-parent starts a new worker; an address space of twice the cap is a hard limit behind it (math-verify
-swallows the ``MemoryError`` of a failed allocation, so that alone would score 0 unnoticed).
+parent starts a new worker; the parent also reads a busy worker's memory (that thread cannot run while a
+check holds the GIL in C code). An address space of twice the cap, at least the cap + 1 GiB, is a hard
+limit far behind it (math-verify swallows the ``MemoryError`` of a failed allocation, so that alone would
+score 0 unnoticed).
 Parent side: :class:`Worker`, one killable process (a fresh interpreter by default, which imports only
 this module, started without the current directory on its ``sys.path``) with its connection, the
 bounded-time reaping used at shutdown, and :func:`kill_all`, which ends every live worker of this
@@ -91,6 +93,9 @@ MEMORY_POLL_S = 0.01
 
 def _rss_bytes(fd: int) -> int:
     return int(os.pread(fd, 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+HAS_PROC = os.path.exists("/proc/self/statm")  # Linux: resident memory can be read per process
 
 
 def rss_bytes(pid: int) -> int | None:

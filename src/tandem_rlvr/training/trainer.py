@@ -201,7 +201,7 @@ class Trainer:
             rows = rows[torch.argsort(rollout.response_mask_BT[rows].sum(-1), stable=True)]
         chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
         self.opt.zero_grad(set_to_none=True)
-        prefix = read_prompts(self.senior, rollout, rows) if n_proc == 1 else None
+        prefix = read_prompts(self.senior, rollout, rows, max_prompts=micro) if n_proc == 1 else None
         parts = []
         for i, r in enumerate(chunks):
             logps = sequence_logps(self.senior, rollout, cfg.rollout.temperature, rows=r, prefix=prefix)
