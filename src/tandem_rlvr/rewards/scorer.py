@@ -42,7 +42,7 @@ MAX_COMPLETION_CHARS = 50_000  # longer completions are cut to this window aroun
 MAX_ANSWER_CHARS = 2_000  # a longer boxed answer (or gold) scores 0 without a worker round-trip
 SOFT_LIMIT_FRACTION = 0.85
 START_TIMEOUT = 60.0  # seconds a new worker may take to import math-verify and report ready
-MEMORY_LIMIT_MB = 4096  # address-space cap of a worker (None: no cap)
+MEMORY_LIMIT_MB = 4096  # resident-memory cap of a worker (None: no cap); its address space is limited far above it
 MEMORY_POLL_PARENT_S = 0.02  # how often the parent reads a busy worker's resident memory
 
 
