@@ -54,12 +54,10 @@ def _forward_logps(model, rollout: Rollout, rows: torch.Tensor, temperature: flo
     inner = getattr(model, "module", model)  # DDP wraps the module; the attention switch lives on its config
     with gqa_attention(inner):
         shared = None if prefix is not None else _shared_prompts(model, rollout, rows, rollout.prompt_ids_BP.device)
-        if prefix is not None:
+        if prefix is not None or shared is not None:  # the prompts' keys and values come from a cache
             ids, mask, pos = (x[:, :rollout.prompt_ids_BP.shape[1] + T] for x in teacher_inputs(rollout, rows))
-            logits = prefix.logits(model, ids, mask, pos, T, rows)
-        elif shared is not None:
-            ids, mask, pos = (x[:, :rollout.prompt_ids_BP.shape[1] + T] for x in teacher_inputs(rollout, rows))
-            logits = _shared_prompt_logits(model, ids, mask, pos, T, *shared)
+            logits = (prefix.logits(model, ids, mask, pos, T, rows) if prefix is not None
+                      else _shared_prompt_logits(model, ids, mask, pos, T, *shared))
         else:
             ids, mask, pos = teacher_inputs(rollout, rows, trim=fastpath.TRIM)
             logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
@@ -89,16 +87,28 @@ def _shared_prompts(model, rollout: Rollout, rows: torch.Tensor, device):
     return uniq[:, :P], uniq[:, P:], inv
 
 
-def _read_distinct(model, u_ids, u_mask):
-    """One forward over the distinct prompts: ``(cache, last-position logits)``."""
+def _new_cache(model):
     from transformers import DynamicCache
 
     cfg = getattr(model, "config", None)
-    cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
+    return DynamicCache(config=cfg) if cfg is not None else DynamicCache()
+
+
+def _read_distinct(model, u_ids, u_mask):
+    """One forward over the distinct prompts: ``(cache, last-position logits)``."""
     u_pos = (u_mask.cumsum(-1) - 1).clamp(min=0)
-    first = model(input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, past_key_values=cache,
+    first = model(input_ids=u_ids, attention_mask=u_mask, position_ids=u_pos, past_key_values=_new_cache(model),
                   use_cache=True, logits_to_keep=1)
     return first.past_key_values, first.logits
+
+
+def _after_prompts(model, cache, first_BV, ids, mask, pos, T: int) -> torch.Tensor:
+    """The logits of the plain forward's last ``T + 1`` positions: ``first_BV`` (the prompts' last position,
+    one row per batch row) and the responses' forward over ``cache`` (the prompts' keys and values)."""
+    P = ids.shape[1] - T
+    rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
+                 use_cache=True, logits_to_keep=T).logits
+    return torch.cat([first_BV, rest], 1)
 
 
 def _shared_prompt_logits(model, ids, mask, pos, T: int, u_ids, u_mask, inv) -> torch.Tensor:
@@ -106,12 +116,9 @@ def _shared_prompt_logits(model, ids, mask, pos, T: int, u_ids, u_mask, inv) -> 
     prompts' keys and values (and last logits) are computed per distinct prompt and indexed out to their
     rows, then the responses read them from the cache. Same function: a prompt position never attends to
     a response."""
-    P = u_ids.shape[1]
     cache, first = _read_distinct(model, u_ids, u_mask)
     cache.batch_select_indices(inv)
-    rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
-                 use_cache=True, logits_to_keep=T).logits
-    return torch.cat([first[inv], rest], 1)
+    return _after_prompts(model, cache, first[inv], ids, mask, pos, T)
 
 
 class PromptPrefix:
@@ -132,18 +139,11 @@ class PromptPrefix:
 
     def logits(self, model, ids, mask, pos, T: int, rows: torch.Tensor) -> torch.Tensor:
         """As :func:`_shared_prompt_logits` for ``rows``, reading the prompts from this prefix."""
-        from transformers import DynamicCache
-
-        cfg = getattr(model, "config", None)
-        cache = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
-        inv = self._inv_B[rows]
+        cache, inv = _new_cache(model), self._inv_B[rows]
         *kv, last = self._leaf
         for i in range(0, len(kv), 2):
             cache.update(kv[i][inv], kv[i + 1][inv], i // 2)
-        P = ids.shape[1] - T
-        rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
-                     use_cache=True, logits_to_keep=T).logits
-        return torch.cat([last[inv], rest], 1)
+        return _after_prompts(model, cache, last[inv], ids, mask, pos, T)
 
     def backward(self) -> None:
         """The prompts' backward, once, with the gradient the chunks left on the leaves."""

@@ -253,9 +253,8 @@ class RewardScorer:
         for w in self._workers:
             if w.job is None or not w.memory_limit_mb or w.proc is None or w.conn is None:
                 continue
-            if _answered(w):  # its answer is in: read it first (the next wait), never discard it
-                continue
             rss = rss_bytes(w.proc.pid)
+            # an answer in by the end of the reading is read by the next wait, never discarded
             if rss is not None and rss > w.memory_limit_mb * 2**20 and not _answered(w):
                 results[w.job] = ("error", 0.0)
                 self._restart(w)
