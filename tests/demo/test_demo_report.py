@@ -77,3 +77,25 @@ def test_intervals_use_t_quantiles_for_any_seed_count(n):
     res = _results({"grpo": [(0.5 + 0.01 * s, 1.0, 1.0) for s in range(n)], "trlvr": [(0.5, 1.0, 1.0)] * n})
     row = next(line for line in metrics_table(res).splitlines() if line.startswith("| solo pass@1"))
     assert "±" in row
+
+
+def _curve_results(select="pass@4", val_every=5):
+    def rows(vals):
+        return [{"step": 5 * (i + 1), "senior/solo_pass@4": v} for i, v in enumerate(vals)]
+    curves = {"grpo": {"0": rows([0.5, 0.8, 0.6]), "1": rows([0.9, 0.9, 0.95])},
+              "trlvr": {"0": rows([0.7, 0.75, 0.7]), "1": rows([0.6])}}  # one validation: no choice to describe
+    return {"plan": {"select": select, "val_every": val_every, "val_problems": 32}, "curves": curves}
+
+
+def test_the_checkpoint_choice_is_described_against_one_validations_standard_error():
+    from tandem_rlvr.demo.report import _selection_note, choice_margins
+
+    margins, se = choice_margins(_curve_results())
+    # by hand: best 0.8 vs last 0.6, the last itself (0.95), best 0.75 vs last 0.7; the largest
+    # sqrt(v (1 - v) / 32) over the chosen values 0.8, 0.95, 0.75 is at 0.75
+    assert margins == pytest.approx([0.2, 0.0, 0.05])
+    assert se == pytest.approx((0.75 * 0.25 / 32) ** 0.5)
+    note = _selection_note(_curve_results())
+    assert len(note) == 1 and "a median 5.0 points (at most 20.0)" in note[0] and "over 3 runs" in note[0]
+    assert "standard error of up to 7.7 points" in note[0]
+    assert _selection_note(_curve_results(select="")) == [] and _selection_note(_curve_results(val_every=0)) == []

@@ -199,7 +199,7 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         "Evaluation metrics are measured on the test split with the junior of the run; the training curves on "
         "each arm's own rollouts (co-written with the junior for trlvr, so its jargon rate and KL there are "
         "those of team chains); the senior-alone curves on the senior's own chains on a small validation split.",
-        _checkpoint_line(plan), "",
+        _checkpoint_line(plan), *_selection_note(results), "",
         "## Claims", "",
         f"Differences are paired by seed, shown as mean [95% interval]; claim 1's equivalence margin is "
         f"± {EQUIV_MARGIN_PTS:g} points.", "", *claims(results), "", "## Plots", "",
@@ -220,6 +220,42 @@ def _checkpoint_line(plan: dict) -> str:
                 f"(every {plan['val_every']} steps; ties keep the earlier step; row \"evaluated checkpoint (step)\"); "
                 f"loss `{loss}`.")
     return f"Checkpoint: every run is evaluated at its last step (no validation selects one); loss `{loss}`."
+
+
+def choice_margins(results: dict) -> tuple[list[float], float]:
+    """``(margins, se)``: per run with at least 2 validations of the selection metric (``senior/solo_<select>``),
+    how far its chosen step's value lies above its last validation's (0 when it chose the last), and the largest
+    standard error of one validation over the chosen values, sqrt(v (1 - v) / problems) (per-problem values lie
+    in [0, 1], so their variance is at most v (1 - v)). Descriptive: whether a margin is noise also depends on how
+    many validations the maximum was taken over, and the validations share their problems and seed."""
+    plan = results["plan"]
+    key, problems = f"senior/solo_{plan.get('select')}", max(1, int(plan.get("val_problems") or 1))
+    margins, se = [], 0.0
+    for per_seed in results.get("curves", {}).values():
+        for rows in per_seed.values():
+            vals = [(r["step"], float(r[key])) for r in rows or [] if key in r]
+            if len(vals) < 2:
+                continue
+            best = max(vals, key=lambda sv: (sv[1], -sv[0]))  # ties keep the earlier step, as the trainer does
+            margins.append(best[1] - vals[-1][1])
+            se = max(se, math.sqrt(best[1] * (1.0 - best[1]) / problems))
+    return margins, se
+
+
+def _selection_note(results: dict) -> list[str]:
+    """How far the chosen checkpoints lie above the last validations, beside one validation's standard error."""
+    plan = results["plan"]
+    if not (plan.get("select") and plan.get("val_every")):
+        return []
+    margins, se = choice_margins(results)
+    if not margins:
+        return []
+    pts = sorted(100.0 * m for m in margins)
+    median = pts[len(pts) // 2] if len(pts) % 2 else (pts[len(pts) // 2 - 1] + pts[len(pts) // 2]) / 2
+    return [f"How well the validation resolves that choice: the chosen step's {plan['select']} lies a median "
+            f"{median:.1f} points (at most {pts[-1]:.1f}) above the last validation's, over {len(pts)} runs; one "
+            f"validation on {plan['val_problems']} problems has a standard error of up to {100 * se:.1f} points: a "
+            f"margin within about two of those, the best of several validations, is a draw, not a better checkpoint."]
 
 
 def demo_html(results: dict, out: Path, md_path: Path) -> Path:
