@@ -15,7 +15,8 @@ from a fresh copy of the warm start and runs the same steps; the sides alternate
   ratio's old log-probs are the ones the rollout recorded (``algo.old_logps=auto``; the old loop:
   ``recompute``, one teacher-forced pass of the senior per step); teacher-forced forwards stop at their
   rows' longest response (``TRIM``) and the update runs in length-sorted chunks of 8 (the demo's
-  ``algo.micro_batch``; the old loop: one chunk of 32); tokens are drawn by inverse CDF
+  ``algo.micro_batch``; the old loop: one chunk of 32) over the rows whose advantage is not 0
+  (``SKIP_ZERO_ADVANTAGE``; the old loop: every row); tokens are drawn by inverse CDF
   (``engines.types.draw``; the old loop: ``torch.multinomial``).
 
 Phases, in CPU seconds of this process (wall time on a shared machine also counts other jobs' turns):
@@ -42,7 +43,7 @@ from pathlib import Path
 import common as C
 import torch
 
-FLAGS = ("LEAN", "PAIR", "SHARED_PROMPTS", "SHARED_PROMPTS_UPDATE", "TRIM")  # engines.fastpath switches: all off = the old loop, all on = the new one
+FLAGS = ("LEAN", "PAIR", "SHARED_PROMPTS", "SHARED_PROMPTS_UPDATE", "TRIM", "SKIP_ZERO_ADVANTAGE")  # engines.fastpath switches: all off = the old loop, all on = the new one
 
 
 def _multinomial(probs_BV, gen):

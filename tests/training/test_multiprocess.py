@@ -2,10 +2,11 @@
 
 Tolerance: senior weights within 1e-6 (float32 reduction order differs); metrics rows equal within
 1e-6, except token-weighted diagnostics (`train/ratio_mean`, `train/clip_frac*`) which are averaged
-over processes and compared within 1e-3. Every run here has the one-process update's shared prompts
-off (`TANDEM_RLVR_FASTPATH_OFF=SHARED_PROMPTS_UPDATE`): a wrapped model takes one forward per backward,
-so a run of several processes always takes the per-chunk path, and the one-process reference must take
-it too (the shared path's own gradient is checked against it in tests/training/test_trainer_update.py).
+over processes and compared within 1e-3. Every run here has the one-process update's shared prompts and
+left-out zero-advantage rows off (`TANDEM_RLVR_FASTPATH_OFF=SHARED_PROMPTS_UPDATE,SKIP_ZERO_ADVANTAGE`): a
+wrapped model takes one forward per backward, so a run of several processes always takes the per-chunk path
+over every row, and the one-process reference must take it too (the two paths' own gradients are checked
+against it in tests/training/test_trainer_update.py; skipped rows would also change the diagnostics above).
 """
 
 import json
@@ -28,7 +29,7 @@ from helpers.run_files import write_config
 def _launch(cfg, n_proc, mixed_precision="no"):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONFAULTHANDLER="1",  # an abort prints every thread's Python stack
-               TANDEM_RLVR_FASTPATH_OFF="SHARED_PROMPTS_UPDATE")  # the path a wrapped model takes (docstring)
+               TANDEM_RLVR_FASTPATH_OFF="SHARED_PROMPTS_UPDATE,SKIP_ZERO_ADVANTAGE")  # the path a wrapped model takes (docstring)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     if n_proc == 1:
         cmd = [sys.executable, "-m", "tandem_rlvr", "train", str(cfg)]

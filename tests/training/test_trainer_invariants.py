@@ -24,6 +24,7 @@ import torch
 
 from helpers.fixture_scopes import module_scope_unless_mutating
 from tandem_rlvr import configs
+from tandem_rlvr.engines import fastpath
 from helpers.numeric import assert_close_to_scale
 from helpers.tiny_models import bias_token, make_tiny_model
 from helpers.trainers import examples, spread_reward
@@ -114,6 +115,9 @@ def step(request, tmp_path_factory, tokenizer, models):
                  examples=EXAMPLES)
     before = copy.deepcopy(tr.acc.unwrap_model(tr.senior)).eval()
     mp = pytest.MonkeyPatch()
+    # every row through the loss, also those with advantage 0 (the update's default leaves them out, exactly:
+    # tests/training/test_trainer_update.py::test_rows_without_advantage_are_left_out_of_the_update_exactly)
+    mp.setattr(fastpath, "SKIP_ZERO_ADVANTAGE", False)
     rec = Recorder(tr, mp)
     try:
         row = tr.train_step(0)

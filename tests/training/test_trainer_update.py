@@ -19,7 +19,11 @@ def trainer_parts(tokenizer):
             freeze(bias_token(make_tiny_model(len(tokenizer), 1, 32), eos, 2.0)))
 
 
-def _one_step(tmp_path, tokenizer, parts, *over, spy=None):
+def _reward(completion, gold):
+    return float(len(completion) % 3 == 0)
+
+
+def _one_step(tmp_path, tokenizer, parts, *over, spy=None, reward_fn=_reward):
     import copy
     from types import SimpleNamespace
 
@@ -33,7 +37,7 @@ def _one_step(tmp_path, tokenizer, parts, *over, spy=None):
                              "rollout.max_new_tokens=12", f"train.out_dir={tmp_path}", "algo.lr=1e-2",
                              "train.save_every=0", "train.progress=false", *over])
     tr = make_trainer(cfg, pair=Pair(copy.deepcopy(parts[0]), copy.deepcopy(parts[1]), tokenizer),
-                 reward_fn=lambda c, g: float(len(c) % 3 == 0), examples=examples)
+                 reward_fn=reward_fn, examples=examples)
     if spy is not None:
         spy(tr)
     return tr.train_step(0)
@@ -84,8 +88,10 @@ def test_each_chunk_gets_the_configs_loss_settings_and_its_share(tmp_path, token
     ``policy_loss`` gets the config's clip range and KL weight (the junior's log-probs only where that
     weight is > 0), its weight is ``chunk_weight(loss_type, chunk, 16, processes)``, only the last chunk
     syncs gradients, and ``train/loss`` / ``train/pg_loss`` are the chunks' values weighted by share."""
+    from tandem_rlvr.engines import fastpath
     from tandem_rlvr.training import core, dist
 
+    monkeypatch.setattr(fastpath, "SKIP_ZERO_ADVANTAGE", False)  # every row in a chunk (its own test below)
     calls, weights, syncs, seniors = [], [], [], []
     real_loss, real_weight, real_sync = core.policy_loss, core.chunk_weight, dist.no_sync_unless_last
 
@@ -373,3 +379,58 @@ def test_shared_prompts_in_the_update_give_the_per_chunk_gradient(tmp_path, toke
     for n in a:
         scale = a[n].abs().max().item()
         assert (a[n] - b[n]).abs().max().item() <= 1e-5 * scale + 1e-12, n
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_rows_without_advantage_are_left_out_of_the_update_exactly(tmp_path, tokenizer, trainer_parts, monkeypatch,
+                                                                   loss_type):
+    """fastpath.SKIP_ZERO_ADVANTAGE: with no KL term a row whose advantage is 0 adds exactly nothing to the
+    gradient, so the update leaves it out of the forward; the chunks' shares and the token count still count
+    it. Prompt 0's group is always rewarded (advantage 0 in every row): the same gradient as with every row
+    forwarded (float order only), the same loss and token count, and fewer rows forwarded."""
+    from tandem_rlvr.engines import fastpath
+    from tandem_rlvr.training import core
+
+    def reward(completion, gold):  # prompt "What is 0 plus 1?": always right
+        return 1.0 if gold == "1" else _reward(completion, gold)
+
+    grads, forwarded, rows, real_loss = {}, {}, {}, core.policy_loss
+
+    def loss(logps, *a, **kw):  # the rows each mini-batch forwards
+        forwarded[skip] += logps.shape[0]
+        return real_loss(logps, *a, **kw)
+
+    def spy(tr):
+        real_step = tr._clip_and_step
+
+        def step():  # the first mini-batch's gradient (the second starts from weights one Adam step apart)
+            grads.setdefault(skip, {n: p.grad.clone() for n, p in tr.senior.named_parameters() if p.grad is not None})
+            return real_step()
+        tr._clip_and_step = step
+
+    monkeypatch.setattr(core, "policy_loss", loss)
+    for skip in (False, True):
+        monkeypatch.setattr(fastpath, "SKIP_ZERO_ADVANTAGE", skip)
+        forwarded[skip] = 0
+        rows[skip] = _one_step(tmp_path / str(skip), tokenizer, trainer_parts, f"algo.loss_type={loss_type}",
+                               "algo.micro_batch=4", spy=spy, reward_fn=reward)
+    assert forwarded[False] == 16 and 0 < forwarded[True] <= 12  # at least prompt 0's 4 rows left out
+    assert rows[True]["train/loss"] == pytest.approx(rows[False]["train/loss"], rel=1e-5, abs=1e-7)
+    assert rows[True]["train/num_tokens"] == rows[False]["train/num_tokens"]
+    a, b = grads[False], grads[True]
+    assert a.keys() == b.keys() and len(a) > 5
+    for n in a:
+        scale = a[n].abs().max().item()
+        assert scale > 0, n
+        assert (a[n] - b[n]).abs().max().item() <= 1e-5 * scale + 1e-12, n
+
+
+def test_rows_with_gradient_keeps_every_row_with_a_kl_term_or_when_none_would_be_left():
+    from tandem_rlvr.training.core import rows_with_gradient
+
+    adv_B = torch.tensor([0.0, 1.5, 0.0, -0.5, 0.0, 0.0])
+    rows = torch.tensor([0, 1, 2, 3])
+    assert rows_with_gradient(adv_B, rows).tolist() == [1, 3]
+    assert rows_with_gradient(adv_B, rows, kl_beta=0.1).tolist() == [0, 1, 2, 3]  # the KL term has a gradient
+    assert rows_with_gradient(adv_B, torch.tensor([4, 5, 0])).tolist() == [4, 5, 0]  # none left: all of them
+    assert rows_with_gradient(adv_B, torch.tensor([5, 3])).tolist() == [3]

@@ -157,7 +157,7 @@ _DROPOUT_FIELDS = ("attention_dropout", "dropout", "hidden_dropout", "hidden_dro
                    "resid_pdrop", "embd_pdrop", "attn_pdrop", "activation_dropout", "layerdrop", "ffn_dropout")
 
 
-def _drops_out(model) -> bool:
+def drops_out(model) -> bool:
     """Whether a training forward of ``model`` may sample dropout (a dropout module, or a rate in its config
     that transformers applies functionally): the copies of a prompt would then share one mask instead of
     drawing their own, so the prompts are not shared."""
@@ -186,7 +186,7 @@ def read_prompts(model, rollout: Rollout, rows: torch.Tensor, max_prompts: int |
     device = rollout.prompt_ids_BP.device
     if (not fastpath.SHARED_PROMPTS_UPDATE or not torch.is_grad_enabled() or device.type not in fastpath.FAST_PATH_DEVICES
             or not fastpath.fast_ok(model) or getattr(model, "module", None) is not None
-            or getattr(model, "is_gradient_checkpointing", False) or _drops_out(model)):
+            or getattr(model, "is_gradient_checkpointing", False) or drops_out(model)):
         return None
     p_ids, p_mask = rollout.prompt_ids_BP[rows], rollout.prompt_mask_BP[rows].long()
     uniq, inv = torch.unique(torch.cat([p_ids, p_mask], -1), dim=0, return_inverse=True)

@@ -179,6 +179,19 @@ def chunk_weight(loss_type: str, chunk_rows: int, rows: int, num_processes: int 
     return share, share
 
 
+def rows_with_gradient(adv_B: Tensor, rows: Tensor, kl_beta: float = 0.0) -> Tensor:
+    """The ``rows`` of a mini-batch whose :func:`policy_loss` can have a gradient. With no KL term (``kl_beta``
+    0) a row whose advantage is exactly 0 has the per-token loss ``-min(r * 0, clip(r) * 0) = 0`` whatever its
+    ratio, so its gradient is exactly zero (for a finite ratio), and leaving it out of the forward changes
+    nothing as long as the aggregation still counts it: the token-mean losses' global token count and the
+    per-sequence losses' row count (:func:`chunk_weight` of the whole mini-batch). With a KL term every row;
+    when no row would be left, all of them (the caller's mini-batch runs as it would without this)."""
+    if kl_beta > 0:
+        return rows
+    keep = rows[adv_B[rows] != 0]
+    return keep if len(keep) else rows
+
+
 def process_scale(loss_type: str, num_processes: int) -> int:
     """Factor from one process's summed chunk losses to the global loss: token-mean shares add up over
     processes (``num_processes``), per-sequence means average (1)."""

@@ -19,7 +19,8 @@ import torch
 
 from tandem_rlvr.config import Config
 from tandem_rlvr.engines.base import PromptBatch
-from tandem_rlvr.engines.scoring import read_prompts, sequence_logps
+from tandem_rlvr.engines import fastpath
+from tandem_rlvr.engines.scoring import drops_out, read_prompts, sequence_logps
 from tandem_rlvr.engines.types import Rollout, Sampling, concat_rollouts
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr import logs, trackers
@@ -196,6 +197,9 @@ class Trainer:
         cfg, plan, n_proc = self.cfg, self.plan, self.acc.num_processes
         n_tok = dist.reduce_scalar(self.acc, float(mask[rows].sum()), "sum")
         max_len = int(dist.reduce_scalar(self.acc, float(rollout.response_mask_BT[rows].sum(-1).max()), "max"))
+        n_rows = len(rows)  # the chunks' shares count every row, also those left out below
+        if fastpath.SKIP_ZERO_ADVANTAGE and n_proc == 1 and not drops_out(self.senior):  # DDP: a backward per process
+            rows = core.rows_with_gradient(adv_B, rows, plan.kl_beta)
         micro = cfg.algo.micro_batch or len(rows)
         if 1 < micro < len(rows):  # chunks of similar length: each forward is cut to its own longest response
             rows = rows[torch.argsort(rollout.response_mask_BT[rows].sum(-1), stable=True)]
@@ -211,7 +215,7 @@ class Trainer:
                 ref_logps_BT=junior_lp[r] if plan.kl_beta > 0 else None,
                 num_tokens=n_tok, max_len=max_len, kl_clamp=cfg.algo.kl_clamp or None, allow_empty=True,
             )
-            weight, share = core.chunk_weight(cfg.algo.loss_type, len(r), len(rows), n_proc)
+            weight, share = core.chunk_weight(cfg.algo.loss_type, len(r), n_rows, n_proc)
             with dist.no_sync_unless_last(self.acc, self.senior, i == len(chunks) - 1):
                 self.acc.backward(loss * weight)
             met = {k: _num(v) for k, v in met.items()}
@@ -222,6 +226,8 @@ class Trainer:
         summed = {"train/loss", "train/pg_loss", "train/num_tokens"}  # add up over the chunks
         out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in set().union(*parts) - summed}
         out.update({k: float(sum(p.get(k, 0.0) for p in parts)) for k in summed})
+        if len(rows) < n_rows:  # rows left out (one process): their tokens still count
+            out["train/num_tokens"] = n_tok
         scale = core.process_scale(cfg.algo.loss_type, n_proc)  # pg_loss is averaged over processes in reduce_row
         out["train/loss"] = dist.reduce_scalar(self.acc, out["train/loss"], "mean") * scale
         out["train/pg_loss"] *= scale
