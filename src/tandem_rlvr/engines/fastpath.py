@@ -27,7 +27,8 @@ SHARED_PROMPTS = True  # no-grad teacher-forced scoring reads each distinct prom
 SHARED_PROMPTS_UPDATE = True  # one process: the update reads each distinct prompt of a mini-batch once (engines.scoring)
 PAIR = True  # lockstep: both lean decoders as one batched model per token (engines.lean_pair)
 TRIM = True  # teacher-forced forwards stop at their rows' longest response (engines.scoring); False: the batch's width
-SKIP_ZERO_ADVANTAGE = True  # one process, no KL term, any device: the update leaves out rows whose advantage is 0 (training.core.rows_with_gradient)
+# one process, no KL term, any device: the update leaves out rows whose advantage is 0 (training.core.rows_with_gradient)
+SKIP_ZERO_ADVANTAGE = True
 FAST_PATH_DEVICES = ("cpu",)  # measured and tested on CPU only so far; add "cuda" once checked there
 SWITCHES = ("FAST_PATH", "LEAN", "SHARED_PROMPTS", "SHARED_PROMPTS_UPDATE", "PAIR", "TRIM", "SKIP_ZERO_ADVANTAGE")
 OFF_ENV = "TANDEM_RLVR_FASTPATH_OFF"
