@@ -5,7 +5,10 @@ run one process gives (metrics within 1e-6 absolute or 1e-5 relative: float32 su
 means, within 0.05; the final
 weights within 1% of how far training moved them: AdamW divides by the root of tiny second moments, so
 float32 sums in another order move some weights by ~1e-6 after three steps of lr 1e-3, while one
-rollout sampled differently changes the update itself); after training every process's engine holds the
+rollout sampled differently changes the update itself; every run here keeps the zero-advantage rows in the
+update, `TANDEM_RLVR_FASTPATH_OFF=SKIP_ZERO_ADVANTAGE`, as a run of several processes always does: the
+one-process skip sums the same gradient in another order, which AdamW's first step of lr 1e-3 amplifies to
+~3e-4 of the second step's gradient norm); after training every process's engine holds the
 trained senior; a run stopped mid-rollout by SIGKILL of one process, or preempted mid-rollout by
 SIGTERM, resumes to the same end. Slow: run with ``make test-vllm`` (scripts/test_vllm.sh).
 """
@@ -66,7 +69,8 @@ def _cfg(d: Path, dirs, fsdp="off", steps=3, save_every=0) -> Path:
 
 def _env(**extra) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-               PYTHONFAULTHANDLER="1", **extra)  # an abort prints every thread's Python stack
+               PYTHONFAULTHANDLER="1",  # an abort prints every thread's Python stack
+               TANDEM_RLVR_FASTPATH_OFF="SKIP_ZERO_ADVANTAGE", **extra)  # as several processes do (docstring)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     return env
 

@@ -394,16 +394,17 @@ def test_rows_without_advantage_are_left_out_of_the_update_exactly(tmp_path, tok
     def reward(completion, gold):  # prompt "What is 0 plus 1?": always right
         return 1.0 if gold == "1" else _reward(completion, gold)
 
-    grads, forwarded, rows, real_loss = {}, {}, {}, core.policy_loss
+    grads, forwarded, trained, rows, real_loss = {}, {}, {}, {}, core.policy_loss
 
-    def loss(logps, *a, **kw):  # the rows each mini-batch forwards
+    def loss(logps, old, adv, mask, *a, **kw):  # the rows each chunk forwards, and their trained tokens
         forwarded[skip] += logps.shape[0]
-        return real_loss(logps, *a, **kw)
+        trained[skip] += float(mask.sum())
+        return real_loss(logps, old, adv, mask, *a, **kw)
 
     def spy(tr):
         real_step = tr._clip_and_step
 
-        def step():  # the first mini-batch's gradient (the second starts from weights one Adam step apart)
+        def step():  # the step's one mini-batch: its gradient before the optimiser's step
             grads.setdefault(skip, {n: p.grad.clone() for n, p in tr.senior.named_parameters() if p.grad is not None})
             return real_step()
         tr._clip_and_step = step
@@ -411,10 +412,11 @@ def test_rows_without_advantage_are_left_out_of_the_update_exactly(tmp_path, tok
     monkeypatch.setattr(core, "policy_loss", loss)
     for skip in (False, True):
         monkeypatch.setattr(fastpath, "SKIP_ZERO_ADVANTAGE", skip)
-        forwarded[skip] = 0
+        forwarded[skip], trained[skip] = 0, 0.0
         rows[skip] = _one_step(tmp_path / str(skip), tokenizer, trainer_parts, f"algo.loss_type={loss_type}",
                                "algo.micro_batch=4", spy=spy, reward_fn=reward)
     assert forwarded[False] == 16 and 0 < forwarded[True] <= 12  # at least prompt 0's 4 rows left out
+    assert trained[True] < trained[False]  # and they held trained tokens, which the token count must still count
     assert rows[True]["train/loss"] == pytest.approx(rows[False]["train/loss"], rel=1e-5, abs=1e-7)
     assert rows[True]["train/num_tokens"] == rows[False]["train/num_tokens"]
     a, b = grads[False], grads[True]
@@ -434,3 +436,16 @@ def test_rows_with_gradient_keeps_every_row_with_a_kl_term_or_when_none_would_be
     assert rows_with_gradient(adv_B, rows, kl_beta=0.1).tolist() == [0, 1, 2, 3]  # the KL term has a gradient
     assert rows_with_gradient(adv_B, torch.tensor([4, 5, 0])).tolist() == [4, 5, 0]  # none left: all of them
     assert rows_with_gradient(adv_B, torch.tensor([5, 3])).tolist() == [3]
+
+
+def test_a_mixture_of_experts_keeps_every_row():
+    """An expert that only left-out rows reach would get no gradient instead of a zero one (AdamW would then
+    skip its step): ``routes_experts`` turns the skip off for such models."""
+    from types import SimpleNamespace
+
+    from tandem_rlvr.engines.scoring import routes_experts
+
+    assert routes_experts(SimpleNamespace(config=SimpleNamespace(num_experts=8)))
+    assert routes_experts(SimpleNamespace(config=SimpleNamespace(num_local_experts=4, num_experts=None)))
+    assert not routes_experts(SimpleNamespace(config=SimpleNamespace(num_experts=0)))
+    assert not routes_experts(make_tiny_model(64, 0, 16))

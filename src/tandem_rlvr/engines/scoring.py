@@ -175,6 +175,24 @@ def drops_out(model) -> bool:
     return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
 
 
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def routes_experts(model) -> bool:
+    """Whether ``model`` is a mixture of experts (an expert count in its config): a forward over some rows may
+    leave an expert without a gradient that the other rows would have given it (a zero one)."""
+    cfg = getattr(model, "config", None)
+    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    for c in {id(x): x for x in (cfg, text) if x is not None}.values():
+        for field in _EXPERT_FIELDS:
+            try:
+                if int(getattr(c, field, 0) or 0) > 0:
+                    return True
+            except (TypeError, ValueError):
+                continue
+    return False
+
+
 def read_prompts(model, rollout: Rollout, rows: torch.Tensor, max_prompts: int | None = None) -> PromptPrefix | None:
     """The distinct prompts of ``rows`` read once with autograd on (:class:`PromptPrefix`) where the update
     may share them: ``fastpath.SHARED_PROMPTS_UPDATE`` on, ``model`` an unwrapped full-attention decoder on

@@ -20,7 +20,7 @@ import torch
 from tandem_rlvr.config import Config
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines import fastpath
-from tandem_rlvr.engines.scoring import drops_out, read_prompts, sequence_logps
+from tandem_rlvr.engines.scoring import drops_out, read_prompts, routes_experts, sequence_logps
 from tandem_rlvr.engines.types import Rollout, Sampling, concat_rollouts
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr import logs, trackers
@@ -198,8 +198,8 @@ class Trainer:
         n_tok = dist.reduce_scalar(self.acc, float(mask[rows].sum()), "sum")
         max_len = int(dist.reduce_scalar(self.acc, float(rollout.response_mask_BT[rows].sum(-1).max()), "max"))
         n_rows = len(rows)  # the chunks' shares count every row, also those left out below
-        if fastpath.SKIP_ZERO_ADVANTAGE and n_proc == 1 and not drops_out(self.senior):  # DDP: a backward per process
-            rows = core.rows_with_gradient(adv_B, rows, plan.kl_beta)
+        if fastpath.SKIP_ZERO_ADVANTAGE and n_proc == 1 and not drops_out(self.senior) and not routes_experts(self.senior):
+            rows = core.rows_with_gradient(adv_B, rows, plan.kl_beta)  # DDP would need a backward per process
         micro = cfg.algo.micro_batch or len(rows)
         if 1 < micro < len(rows):  # chunks of similar length: each forward is cut to its own longest response
             rows = rows[torch.argsort(rollout.response_mask_BT[rows].sum(-1), stable=True)]
