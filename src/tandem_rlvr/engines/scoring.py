@@ -157,21 +157,29 @@ _DROPOUT_FIELDS = ("attention_dropout", "dropout", "hidden_dropout", "hidden_dro
                    "resid_pdrop", "embd_pdrop", "attn_pdrop", "activation_dropout", "layerdrop", "ffn_dropout")
 
 
+def _config_says(model, fields) -> bool:
+    """Whether ``model``'s config (or its text config) sets any of ``fields`` to a positive number; a value that
+    cannot be read as a number counts as positive (the callers then take the safe path)."""
+    cfg = getattr(model, "config", None)
+    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    for c in {id(x): x for x in (cfg, text) if x is not None}.values():
+        for field in fields:
+            try:
+                if float(getattr(c, field, 0.0) or 0.0) > 0:
+                    return True
+            except (TypeError, ValueError):
+                return True
+    return False
+
+
 def drops_out(model) -> bool:
     """Whether a training forward of ``model`` may sample dropout (a dropout module, or a rate in its config
     that transformers applies functionally): the copies of a prompt would then share one mask instead of
     drawing their own, so the prompts are not shared."""
     if not model.training:
         return False
-    cfg = getattr(model, "config", None)
-    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-    for c in {id(x): x for x in (cfg, text) if x is not None}.values():
-        for field in _DROPOUT_FIELDS:
-            try:
-                if float(getattr(c, field, 0.0) or 0.0) > 0:
-                    return True
-            except (TypeError, ValueError):
-                return True  # a rate we cannot read: assume it drops out
+    if _config_says(model, _DROPOUT_FIELDS):
+        return True
     return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
 
 
@@ -181,16 +189,7 @@ _EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_n
 def routes_experts(model) -> bool:
     """Whether ``model`` is a mixture of experts (an expert count in its config): a forward over some rows may
     leave an expert without a gradient that the other rows would have given it (a zero one)."""
-    cfg = getattr(model, "config", None)
-    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-    for c in {id(x): x for x in (cfg, text) if x is not None}.values():
-        for field in _EXPERT_FIELDS:
-            try:
-                if int(getattr(c, field, 0) or 0) > 0:
-                    return True
-            except (TypeError, ValueError):
-                continue
-    return False
+    return _config_says(model, _EXPERT_FIELDS)
 
 
 def read_prompts(model, rollout: Rollout, rows: torch.Tensor, max_prompts: int | None = None) -> PromptPrefix | None:
