@@ -24,10 +24,10 @@ Phases, in CPU seconds of this process (wall time on a shared machine also count
 verifier's own process, so this is near zero and not recorded), ``scoring`` (the no-grad
 ``sequence_logps`` calls: the old log-probs, and the junior's for ``kl_reg``), ``update`` (the rest of
 ``Trainer.update``: forward, backward, optimiser) and ``total`` (``Trainer.train_step``). Arms:
-``trlvr`` (tandem rollouts, both models on every token) and ``kl_reg@0.1`` (solo senior rollouts,
-junior scored teacher-forced; ``grpo`` is ``kl_reg`` without that scoring). The demo trains one
+``trlvr`` (tandem rollouts, both models on every token), ``grpo`` (solo senior rollouts) and ``kl_reg@0.1``
+(solo rollouts, junior scored teacher-forced, a KL term: every row in the update). The demo trains one
 ``trlvr``, one ``grpo`` and three ``kl_reg`` runs per seed: the demo-weighted total printed is
-``trlvr + 4 × kl_reg``. Each repeat also prints both sides' reward mean, loss and mean response length
+``trlvr + grpo + 3 × kl_reg`` (``trlvr + 4 × kl_reg`` when ``--arms`` leaves ``grpo`` out). Each repeat also prints both sides' reward mean, loss and mean response length
 per step (equal up to float order).
 """
 
@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one step per side, 2 repeats, trlvr and kl_reg")
     ap.add_argument("--steps", type=int, default=2, help="RL steps per side and repeat")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--arms", default="trlvr,kl_reg@0.1")
+    ap.add_argument("--arms", default="trlvr,grpo,kl_reg@0.1")
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS.md")
     a = ap.parse_args()
     if a.quick or C.quick():
@@ -174,12 +174,13 @@ def main() -> None:
             lines.append((arm, p, med, min(rs or [0]), max(rs or [0]), o, n))
             print(f"P7 {arm:7s} {p:8s} new/old {med:.3f} [{min(rs or [0]):.3f}-{max(rs or [0]):.3f}]  "
                   f"old {o:.2f}s/step  new {n:.2f}s/step")
-    if "trlvr" in a.arms and "kl_reg@0.1" in a.arms:
-        tot = {}
-        for side in (0, 1):
-            tot[side] = sum(statistics.median(t[side] for t in times[(arm, "total")]) * (1 if arm == "trlvr" else 4)
-                            for arm in ("trlvr", "kl_reg@0.1")) / a.steps
-        print(f"P7 demo-weighted total (trlvr + 4 x kl_reg) new/old {tot[1] / tot[0]:.3f}: "
+    arms = a.arms.split(",")
+    if "trlvr" in arms and "kl_reg@0.1" in arms:  # the demo's five runs per seed: trlvr, grpo, kl_reg at three β
+        weights = {"trlvr": 1, "grpo": 1, "kl_reg@0.1": 3} if "grpo" in arms else {"trlvr": 1, "kl_reg@0.1": 4}
+        tot = {side: sum(statistics.median(t[side] for t in times[(arm, "total")]) * w for arm, w in weights.items())
+               / a.steps for side in (0, 1)}
+        what = " + ".join(f"{w} x {arm}" if w > 1 else arm for arm, w in weights.items())
+        print(f"P7 demo-weighted total ({what}) new/old {tot[1] / tot[0]:.3f}: "
               f"old {tot[0]:.1f}s new {tot[1]:.1f}s per step of all five runs")
     if not a.no_write:
         details = (f"default demo plan (8×8 rollouts, 112 new tokens, word p=0.5, T=0.6), prebuilt world "
