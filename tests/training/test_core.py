@@ -457,3 +457,19 @@ def test_an_empty_mask_allowed_is_an_exact_zero_with_zero_gradient():
     loss, met = core.policy_loss(lp, lp.detach(), torch.tensor([1.0]), torch.zeros(1, 2), allow_empty=True)
     loss.backward()
     assert float(loss.detach()) == 0.0 and met == {} and torch.equal(lp.grad, torch.zeros(1, 2))
+
+
+def test_policy_loss_takes_advantages_from_the_cpu(monkeypatch):
+    """The trainer's rewards, and so its advantages, are CPU tensors, while on a GPU the log-probs are not: the
+    loss moves the advantages to the log-probs' device. The meta device stands in for a GPU (a CPU tensor
+    with dimensions mixed into its arithmetic fails the same way); the mask check and the metrics, which read
+    values, are left out."""
+    from tandem_rlvr.training import core
+
+    monkeypatch.setattr(core, "_loss_metrics", lambda *a, **kw: {})
+    monkeypatch.setattr(core, "_check_mask", lambda mask_BT, values_BT: mask_BT.bool())
+    logps_BT = torch.zeros(2, 3, device="meta")
+    for loss_type in ("dapo", "grpo", "dr_grpo"):
+        loss, _ = core.policy_loss(logps_BT, torch.zeros(2, 3, device="meta"), torch.tensor([1.0, -1.0]),
+                                   torch.ones(2, 3, device="meta"), loss_type=loss_type, num_tokens=6, max_len=3)
+        assert loss.device.type == "meta" and loss.shape == ()

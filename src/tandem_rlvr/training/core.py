@@ -265,7 +265,7 @@ def policy_loss(
     eps_high = _check_policy_args(logps_BT, old_logps_BT, adv_B, ref_logps_BT, clip_eps, clip_eps_high, kl_beta)
     log_ratio_BT = torch.where(mask_b, logps_BT - old_logps_BT.detach(), 0.0)
     ratio_BT = torch.exp(log_ratio_BT)
-    adv_B1 = adv_B.detach().to(logps_BT.dtype).unsqueeze(-1)
+    adv_B1 = adv_B.detach().to(device=logps_BT.device, dtype=logps_BT.dtype).unsqueeze(-1)  # e.g. CPU rewards
     unclipped_BT = ratio_BT * adv_B1
     clipped_BT = torch.clamp(ratio_BT, 1.0 - clip_eps, 1.0 + eps_high) * adv_B1
     pg_BT = -torch.minimum(unclipped_BT, clipped_BT)

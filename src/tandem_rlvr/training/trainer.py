@@ -173,9 +173,11 @@ class Trainer:
         senior.train()
         mb = cfg.mini_batch_prompts() * G // self.acc.num_processes
         acc_metrics: list[dict] = []
+        device = rollout.response_mask_BT.device  # the rewards' advantages are a CPU tensor; rows index both
+        adv_B = adv_B.to(device)
         for _ in range(cfg.algo.ppo_epochs):
             for m in range(0, rollout.batch_size, mb):
-                rows = torch.arange(m, min(m + mb, rollout.batch_size))
+                rows = torch.arange(m, min(m + mb, rollout.batch_size), device=device)
                 acc_metrics.append(self._minibatch(rollout, rows, old, junior_lp, adv_B, mask))
         for k in set().union(*acc_metrics):
             metrics[k] = float(np.mean([a[k] for a in acc_metrics if k in a]))
