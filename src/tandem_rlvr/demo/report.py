@@ -17,6 +17,7 @@ How claims are decided (over seeds; every difference is paired by seed):
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 from tandem_rlvr.io import atomic_write_text
@@ -229,7 +230,8 @@ def choice_margins(results: dict) -> tuple[list[float], float]:
     in [0, 1], so their variance is at most v (1 - v)). Descriptive: whether a margin is noise also depends on how
     many validations the maximum was taken over, and the validations share their problems and seed."""
     plan = results["plan"]
-    key, problems = f"senior/solo_{plan.get('select')}", max(1, int(plan.get("val_problems") or 1))  # a shorter split: larger
+    # val_problems is the most a validation reads: a shorter split would have a larger error than this bound
+    key, problems = f"senior/solo_{plan.get('select')}", max(1, int(plan.get("val_problems") or 1))
     margins, se = [], 0.0
     for per_seed in results.get("curves", {}).values():
         for rows in per_seed.values():
@@ -250,14 +252,13 @@ def _selection_note(results: dict) -> list[str]:
     margins, se = choice_margins(results)
     if not margins:
         return []
-    pts = sorted(100.0 * m for m in margins)
-    median = pts[len(pts) // 2] if len(pts) % 2 else (pts[len(pts) // 2 - 1] + pts[len(pts) // 2]) / 2
+    pts = [100.0 * m for m in margins]
     return [f"How well the validation resolves that choice: the chosen step's {plan['select']} lies a median "
-            f"{median:.1f} points (at most {pts[-1]:.1f}) above the last validation's, over {len(pts)} runs; one "
-            f"validation on {plan.get('val_problems')} problems has a standard error of up to {100 * se:.1f} points. A margin "
-            f"within about two of those, the best of several validations, is not shown to be a better checkpoint "
-            f"(a rough yardstick: validations share their problems and sampling seed, so a difference between two "
-            f"of them can be less noisy than one)."]
+            f"{statistics.median(pts):.1f} points (at most {max(pts):.1f}) above the last validation's, over "
+            f"{len(pts)} runs; one validation on {plan.get('val_problems')} problems has a standard error of up to "
+            f"{100 * se:.1f} points. A margin within about two of those, the best of several validations, is not "
+            f"shown to be a better checkpoint (a rough yardstick: validations share their problems and sampling "
+            f"seed, so a difference between two of them can be less noisy than one)."]
 
 
 def demo_html(results: dict, out: Path, md_path: Path) -> Path:
