@@ -414,7 +414,7 @@ def test_workers_that_cannot_start_score_errors_and_the_batch_returns(monkeypatc
     monkeypatch.setattr(workers.Worker, "start", no_process)
     with RewardScorer("math", num_workers=2, time_limit=1.0) as sc:
         t0 = time.monotonic()
-        rewards, stats = sc.score([r"\boxed{2}", r"\boxed{3}", r"\boxed{x}"], ["2", "3", "4"])
+        rewards, stats = sc.score([r"\boxed{2.0}", r"\boxed{3.0}", r"\boxed{x}"], ["2", "3", "4"])
         took = time.monotonic() - t0
     assert rewards == [0.0, 0.0, 0.0] and stats["reward/errors"] == 3.0 and stats["reward/worker_restarts"] == 0.0
     assert len(attempts) == 4 and took < 5.0
@@ -424,11 +424,12 @@ def test_a_fresh_scorers_first_batch_starts_workers_without_counting_restarts():
     from tandem_rlvr.rewards import RewardScorer
 
     with RewardScorer("math", num_workers=1, time_limit=5.0) as sc:
-        rewards, stats = sc.score([r"\boxed{2}", r"\boxed{5}"], ["2", "3"])
+        rewards, stats = sc.score([r"\boxed{2.0}", r"\boxed{5.0}"], ["2", "3"])  # not plain integers: checked by a worker
         assert rewards == [1.0, 0.0] and stats["reward/worker_restarts"] == 0.0 and stats["reward/errors"] == 0.0
         w = sc._workers[0]
+        assert w.ready
         w.kill()  # gone between batches (as after close of a connection): the next batch starts it again, uncounted
-        rewards, stats = sc.score([r"\boxed{3}"], ["3"])
+        rewards, stats = sc.score([r"\boxed{3.0}"], ["3"])
         assert rewards == [1.0] and stats["reward/worker_restarts"] == 0.0
 
 
@@ -442,10 +443,10 @@ def test_a_worker_that_dies_mid_check_scores_an_error_and_is_restarted():
     with RewardScorer(num_workers=1, time_limit=30.0, soft_limit_fraction=10.0) as sc:
         sc.start()
         threading.Timer(1.0, sc._workers[0].proc.kill).start()
-        rewards, stats = sc.score([TOWER, r"\boxed{7}"], ["1", "8"])
+        rewards, stats = sc.score([TOWER, r"\boxed{7.0}"], ["1", "8"])
         assert rewards == [0.0, 0.0] and stats["reward/errors"] == 1.0 and stats["reward/timeouts"] == 0.0
         assert stats["reward/worker_restarts"] == 1.0
-        assert sc.score([r"\boxed{2}"], ["2"])[0] == [1.0]
+        assert sc.score([r"\boxed{2.0}"], ["2"])[0] == [1.0]
 
 
 def test_the_soft_limit_is_a_fraction_of_the_limit_and_the_hard_kill_keeps_short_limits():
@@ -489,7 +490,7 @@ def test_workers_that_never_get_ready_score_errors_uncounted(monkeypatch, how):
             [sys.executable, "-c", "pass"], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL))
     with RewardScorer("math", num_workers=2, time_limit=1.0, **kw) as sc:
         t0 = time.monotonic()
-        rewards, stats = sc.score([r"\boxed{2}", r"\boxed{3}"], ["2", "3"])
+        rewards, stats = sc.score([r"\boxed{2.0}", r"\boxed{3.0}"], ["2", "3"])
         took = time.monotonic() - t0
     assert rewards == [0.0, 0.0] and stats["reward/errors"] == 2.0 and stats["reward/worker_restarts"] == 0.0
     assert took < 10.0
@@ -504,3 +505,51 @@ def test_reward_scorer_stats_differ_between_equal_calls_only_under_time():
     timings = {k for k in a if "second" in k or k.endswith("_s")}
     assert timings and all(k.startswith("time/") for k in timings), timings
     assert {k: v for k, v in a.items() if not k.startswith("time/")} == {k: v for k, v in b.items() if not k.startswith("time/")}
+
+
+# Plain integers: settled in the parent, as math-verify would settle them
+
+
+@pytest.mark.parametrize("kind", ["math", "gsm8k"])
+def test_two_plain_integers_are_settled_without_a_worker(monkeypatch, kind):
+    """Two canonical integers are compared in the parent: no verifier process is needed (one that cannot
+    start would make every worker check an error), and the verdicts are the string comparison's."""
+    from tandem_rlvr.rewards import RewardScorer, workers
+
+    def no_process(self):
+        raise OSError("no processes allowed")
+
+    monkeypatch.setattr(workers.Worker, "start", no_process)
+    texts = [r"so \boxed{12}", r"\boxed{-7}", r"\boxed{0}", r"\boxed{13}", r"\boxed{123456789012345}"]
+    golds = ["12", "-7", "0", "12", "123456789012346"]
+    if kind == "gsm8k":
+        golds = [f"work\n#### {g}" for g in golds]
+    with RewardScorer(kind, num_workers=1, time_limit=1.0) as sc:
+        rewards, stats = sc.score(texts, golds)
+    assert rewards == [1.0, 1.0, 1.0, 0.0, 0.0] and stats["reward/errors"] == 0.0
+
+
+@pytest.mark.parametrize("pred,gold", [("08", "8"), ("-0", "0"), ("+8", "8"), ("8.0", "8"), ("1234567890123456", "1"),
+                                       ("8", "08"), ("1,000", "1000"), ("٣", "3")])
+def test_anything_but_two_canonical_integers_goes_to_the_verifier(pred, gold):
+    from tandem_rlvr.rewards.extract import prepare_check
+
+    assert prepare_check("math", rf"\boxed{{{pred}}}", gold, None, None)[:2] == (None, "verify")
+
+
+def test_the_plain_integer_verdict_is_math_verifys():
+    """The parent's verdict on two canonical integers equals math-verify's (run here, in-process), over
+    lengths 1-15, near misses, sign flips and powers of ten."""
+    import random
+
+    from tandem_rlvr.rewards.extract import prepare_check
+    from tandem_rlvr.rewards.workers import _verify_pair
+
+    rng, pairs = random.Random(7), [("0", "0"), ("0", "-1"), ("-5", "5"), ("5", "-5"), ("-5", "-5")]
+    for digits in range(1, 16):
+        a = rng.randint(10 ** (digits - 1), 10 ** digits - 1)
+        near = (a, a + 1, a - 1, -a, 10 * a, a + 10 ** max(0, digits - 7))
+        pairs += [(str(a), str(b)) for b in near if abs(b) < 10 ** 15]
+    for gold, pred in pairs:
+        final, status = prepare_check("math", rf"\boxed{{{pred}}}", gold, None, None)[:2]
+        assert status == "ok" and final == float(_verify_pair(gold, pred)), (gold, pred)

@@ -5,8 +5,8 @@ A reward takes the last ``\\boxed{...}`` (also ``\\fbox{...}``, ``\\boxed x``) o
 checks it against the gold answer: ``math`` with math-verify (in a worker process, see
 :mod:`tandem_rlvr.rewards.scorer`), ``gsm8k`` likewise with the gold after ``####`` (and a final
 ``#### N`` line accepted when there is no box), ``boxed_exact`` by string equality without
-whitespace. :func:`prepare_check` decides no box, too long, a bad gold and ``boxed_exact`` here,
-without any worker round-trip.
+whitespace. :func:`prepare_check` decides no box, too long, a bad gold, ``boxed_exact`` and a ``math``
+or ``gsm8k`` check of two plain integers here, without any worker round-trip.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ __all__ = ["Prepared", "extract_boxed", "gsm8k_gold", "prepare_check"]
 # a box opener with its brace, a bare box command (``\boxed 5``), escaped braces, plain braces.
 _TOKEN_RE = re.compile(r"\\\\|\\(?:boxed|fbox)\s*\{|\\(?:boxed|fbox)(?![A-Za-z])|\\[{}]|[{}]")
 _BARE_ARG_RE = re.compile(r"[ \t]+([^\s$]{1,200})")
+# A plain integer in canonical form (no sign on 0, no leading zero, no space), at most 15 digits: two such
+# strings are equal numbers exactly when they are equal strings, and math-verify agrees on every pair
+# (tests/rewards/test_rewards.py checks it), so such a check needs no worker.
+_PLAIN_INT_RE = re.compile(r"0|-?[1-9][0-9]{0,14}")
 
 
 def extract_boxed(text: str) -> str | None:
@@ -114,7 +118,8 @@ def prepare_check(
 ) -> Prepared:
     """Cheap parent-side step: (final_score | None, status, pred, gold, truncated).
 
-    ``final_score`` is set when no worker is needed (no box, too long, bad gold, exact match).
+    ``final_score`` is set when no worker is needed (no box, too long, bad gold, ``boxed_exact``, and two
+    plain integers: equal strings score 1, others 0, as math-verify would).
     """
     text, cut = _window_around_last_box(_as_text(completion), max_chars)
     if kind == "gsm8k":
@@ -131,4 +136,6 @@ def prepare_check(
         return (1.0 if same else 0.0), "ok", pred, gold_s, cut
     if max_answer is not None and (len(pred) > max_answer or len(gold_s) > max_answer):
         return 0.0, "too_long", pred, gold_s, cut
+    if _PLAIN_INT_RE.fullmatch(pred) and _PLAIN_INT_RE.fullmatch(gold_s):
+        return (1.0 if pred == gold_s else 0.0), "ok", pred, gold_s, cut
     return None, "verify", pred, gold_s, cut
