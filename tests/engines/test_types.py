@@ -65,3 +65,34 @@ def test_draw_follows_the_probabilities_and_never_draws_a_zero():
             mp.setattr(torch, "rand", lambda *a, u=u, **kw: torch.full(a[:2], u, dtype=kw.get("dtype", torch.float32)))
             got = draw(probs, g)
         assert all(float(probs[b, int(got[b])]) > 0 for b in range(3)), (u, got)
+
+
+def test_top_k_then_top_p_by_hand():
+    """Probabilities .5 .3 .15 .05 (logits their logs, in shuffled order) and a fifth token below them: top_k 3
+    drops the last two; the nucleus renormalises over the three kept (.526 .316 .158): top_p .7 keeps the smallest
+    prefix reaching .7, the first two; top_p .85 all three (.842 before the third)."""
+    from tandem_rlvr.engines.types import _filter_logits, _filter_top_k_first
+
+    logits = torch.tensor([[math.log(0.3), math.log(0.15), math.log(0.5), -9.0, math.log(0.05)]])
+    inf = float("-inf")
+    assert _filter_top_k_first(logits, 3, 0.7) is not None  # no tie: the fast path
+    assert torch.equal(_filter_logits(logits, 3, 0.7), torch.tensor([[math.log(0.3), inf, math.log(0.5), inf, inf]]))
+    assert torch.equal(_filter_logits(logits, 3, 0.85),
+                       torch.tensor([[math.log(0.3), math.log(0.15), math.log(0.5), inf, inf]]))
+
+
+@pytest.mark.parametrize("top_k,top_p", [(20, 0.8), (5, 0.3), (50, 0.95), (20, 0.999), (1, 0.5)])
+def test_the_top_k_first_nucleus_keeps_what_the_full_sort_keeps(top_k, top_p):
+    """The sampler's nucleus over the top-k values alone equals the nucleus over a sort of the whole vocabulary:
+    on random logits, on rounded ones (ties, where it falls back to the sort) and at several scales."""
+    from tandem_rlvr.engines.types import _filter_full, _filter_logits, _filter_top_k_first
+
+    g = torch.Generator().manual_seed(top_k)
+    took_fast = 0
+    for trial in range(60):
+        x = torch.randn(16, 300, generator=g) * (0.5 + trial / 10)
+        if trial % 3 == 0:
+            x = x.round()
+        took_fast += _filter_top_k_first(x, top_k, top_p) is not None
+        assert torch.equal(_filter_logits(x, top_k, top_p), _filter_full(x, top_k, top_p)), trial
+    assert 30 <= took_fast < 60  # the fast path ran, and the ties fell back

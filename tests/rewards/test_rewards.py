@@ -553,3 +553,11 @@ def test_the_plain_integer_verdict_is_math_verifys():
     for gold, pred in pairs:
         final, status = prepare_check("math", rf"\boxed{{{pred}}}", gold, None, None)[:2]
         assert status == "ok" and final == float(_verify_pair(gold, pred)), (gold, pred)
+
+
+def test_checks_settled_in_the_parent_add_no_count_of_their_own():
+    from tandem_rlvr.rewards import RewardScorer
+
+    with RewardScorer("math", num_workers=1, time_limit=1.0) as sc:
+        stats = sc.score([r"\boxed{3}", "no box"], ["3", "3"])[1]
+    assert "reward/ok" not in stats and stats["reward/no_box"] == 1.0 and stats["reward/correct"] == 1.0

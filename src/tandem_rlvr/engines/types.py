@@ -93,6 +93,30 @@ class Rollout:
 
 
 def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k then top-p (nucleus) filtering: dropped logits become ``-inf``. A top-k below the vocabulary takes
+    :func:`_filter_top_k_first` (its result is this function's, up to the float order of one softmax's sum)."""
+    if top_k and top_k < logits_BV.shape[-1] and top_p < 1.0:
+        fast = _filter_top_k_first(logits_BV, top_k, top_p)
+        if fast is not None:
+            return fast
+    return _filter_full(logits_BV, top_k, top_p)
+
+
+def _filter_top_k_first(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
+    """The nucleus taken over the ``top_k`` largest logits only (everything else is dropped by top-k anyway),
+    instead of a sort of the whole vocabulary: the same kept set as :func:`_filter_full`. None (take the full
+    path) where a tie could make the two differ: a logit equal to the k-th outside the top k (top-k keeps every
+    such one), or two equal logits among the top k (the order of ties decides a nucleus's edge)."""
+    vals_BK, idx_BK = torch.topk(logits_BV, top_k, dim=-1)  # sorted, descending
+    if bool((vals_BK[:, 1:] == vals_BK[:, :-1]).any()) or bool(((logits_BV >= vals_BK[:, -1:]).sum(-1) > top_k).any()):
+        return None
+    probs_BK = vals_BK.softmax(-1)
+    drop_BK = (probs_BK.cumsum(-1) - probs_BK) >= top_p  # keep the smallest prefix reaching top_p
+    out_BV = torch.full_like(logits_BV, float("-inf"))
+    return out_BV.scatter_(-1, idx_BK, vals_BK.masked_fill(drop_BK, float("-inf")))
+
+
+def _filter_full(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     if top_k and top_k < logits_BV.shape[-1]:
         kth = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
         logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))

@@ -156,7 +156,8 @@ class RewardScorer:
             counts["truncated"] += int(cut)
             if final is not None:
                 rewards[i] = final
-                counts[status] += status != "ok"
+                if status != "ok":  # a check settled here (boxed_exact, two plain integers) counts nothing
+                    counts[status] += 1
             else:
                 pairs.setdefault((gold_s, pred), []).append(i)
         jobs = list(pairs)
