@@ -71,28 +71,48 @@ def test_top_k_then_top_p_by_hand():
     """Probabilities .5 .3 .15 .05 (logits their logs, in shuffled order) and a fifth token below them: top_k 3
     drops the last two; the nucleus renormalises over the three kept (.526 .316 .158): top_p .7 keeps the smallest
     prefix reaching .7, the first two; top_p .85 all three (.842 before the third)."""
-    from tandem_rlvr.engines.types import _filter_logits, _filter_top_k_first
+    from tandem_rlvr.engines.types import _filter_logits, _top_k_nucleus
 
     logits = torch.tensor([[math.log(0.3), math.log(0.15), math.log(0.5), -9.0, math.log(0.05)]])
     inf = float("-inf")
-    assert _filter_top_k_first(logits, 3, 0.7) is not None  # no tie: the fast path
+    assert not bool(_top_k_nucleus(logits, 3, 0.7)[1].any())  # no tie: decided without the sort
     assert torch.equal(_filter_logits(logits, 3, 0.7), torch.tensor([[math.log(0.3), inf, math.log(0.5), inf, inf]]))
     assert torch.equal(_filter_logits(logits, 3, 0.85),
                        torch.tensor([[math.log(0.3), math.log(0.15), math.log(0.5), inf, inf]]))
 
 
+def test_rows_a_tie_could_decide_are_left_to_the_sort():
+    """Probabilities .5 .3 .1 .1 and a fifth below: top_k 3 keeps the fourth too (it ties the third), so that row
+    is left to the sort, which keeps the first two at top_p .7. At top_k 4 and top_p .85 the nucleus would keep
+    one of the tied pair, which one being the order of equal logits: left to the sort too. A row of equal logits
+    (a finished row) is left to it; a row without ties beside them is not."""
+    from tandem_rlvr.engines.types import _filter_full, _filter_logits, _top_k_nucleus
+
+    tied = [math.log(0.1), math.log(0.3), math.log(0.5), -9.0, math.log(0.1)]
+    plain = [math.log(0.3), math.log(0.15), math.log(0.5), -9.0, math.log(0.05)]
+    logits = torch.tensor([tied, [0.0] * 5, plain])
+    inf = float("-inf")
+    assert _top_k_nucleus(logits, 3, 0.7)[1].tolist() == [True, True, False]
+    assert _top_k_nucleus(logits, 4, 0.85)[1].tolist() == [True, True, False]
+    assert _top_k_nucleus(logits, 4, 0.7)[1].tolist() == [False, True, False]  # the tied pair is dropped whole
+    for k, p in ((3, 0.7), (4, 0.85), (4, 0.7)):
+        assert torch.equal(_filter_logits(logits, k, p), _filter_full(logits, k, p)), (k, p)
+    assert torch.equal(_filter_logits(logits, 3, 0.7)[0], torch.tensor([inf, math.log(0.3), math.log(0.5), inf, inf]))
+
+
 @pytest.mark.parametrize("top_k,top_p", [(20, 0.8), (5, 0.3), (50, 0.95), (20, 0.999), (1, 0.5)])
 def test_the_top_k_first_nucleus_keeps_what_the_full_sort_keeps(top_k, top_p):
     """The sampler's nucleus over the top-k values alone equals the nucleus over a sort of the whole vocabulary:
-    on random logits, on rounded ones (ties, where it falls back to the sort) and at several scales."""
-    from tandem_rlvr.engines.types import _filter_full, _filter_logits, _filter_top_k_first
+    on random logits, on rounded ones (ties: the rows a tie could decide are sorted) and at several scales."""
+    from tandem_rlvr.engines.types import _filter_full, _filter_logits, _top_k_nucleus
 
     g = torch.Generator().manual_seed(top_k)
-    took_fast = 0
+    decided = rows = 0
     for trial in range(60):
         x = torch.randn(16, 300, generator=g) * (0.5 + trial / 10)
         if trial % 3 == 0:
             x = x.round()
-        took_fast += _filter_top_k_first(x, top_k, top_p) is not None
+        decided += int((~_top_k_nucleus(x, top_k, top_p)[1]).sum())
+        rows += len(x)
         assert torch.equal(_filter_logits(x, top_k, top_p), _filter_full(x, top_k, top_p)), trial
-    assert 30 <= took_fast < 60  # the fast path ran, and the ties fell back
+    assert rows // 2 <= decided < rows  # most rows decided over the top k, some left to the sort

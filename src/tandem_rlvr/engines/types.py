@@ -93,27 +93,30 @@ class Rollout:
 
 
 def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k then top-p (nucleus) filtering: dropped logits become ``-inf``. A top-k below the vocabulary takes
-    :func:`_filter_top_k_first` (its result is this function's, up to the float order of one softmax's sum)."""
+    """Top-k then top-p (nucleus) filtering, row by row: dropped logits become ``-inf``. With both set, the
+    nucleus is taken over the top-k values (:func:`_top_k_nucleus`) instead of a sort of the whole vocabulary,
+    and the rows it leaves undecided are sorted: the same result, up to the float order of one softmax's sum."""
     if top_k and top_k < logits_BV.shape[-1] and top_p < 1.0:
-        fast = _filter_top_k_first(logits_BV, top_k, top_p)
-        if fast is not None:
-            return fast
+        out_BV, undecided_B = _top_k_nucleus(logits_BV, top_k, top_p)
+        if bool(undecided_B.any()):
+            out_BV[undecided_B] = _filter_full(logits_BV[undecided_B], top_k, top_p)
+        return out_BV
     return _filter_full(logits_BV, top_k, top_p)
 
 
-def _filter_top_k_first(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
-    """The nucleus taken over the ``top_k`` largest logits only (everything else is dropped by top-k anyway),
-    instead of a sort of the whole vocabulary: the same kept set as :func:`_filter_full`. None (take the full
-    path) where a tie could make the two differ: a logit equal to the k-th outside the top k (top-k keeps every
-    such one), or two equal logits among the top k (the order of ties decides a nucleus's edge)."""
+def _top_k_nucleus(logits_BV: torch.Tensor, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(filtered logits, undecided rows)``: the nucleus over each row's ``top_k`` largest logits (top-k drops
+    every other one). A row is undecided (its output row is not to be used) where a tie could make this differ
+    from the sort of :func:`_filter_full`: a logit outside the top k equal to the k-th (top-k keeps it too), or
+    a nucleus edge that splits a run of equal logits (which of them are kept is the order of ties). A finished
+    row whose logits are all equal is one."""
     vals_BK, idx_BK = torch.topk(logits_BV, top_k, dim=-1)  # sorted, descending
-    if bool((vals_BK[:, 1:] == vals_BK[:, :-1]).any()) or bool(((logits_BV >= vals_BK[:, -1:]).sum(-1) > top_k).any()):
-        return None
     probs_BK = vals_BK.softmax(-1)
     drop_BK = (probs_BK.cumsum(-1) - probs_BK) >= top_p  # keep the smallest prefix reaching top_p
+    undecided_B = (logits_BV >= vals_BK[:, -1:]).sum(-1) > top_k
+    undecided_B |= ((vals_BK[:, 1:] == vals_BK[:, :-1]) & (drop_BK[:, 1:] != drop_BK[:, :-1])).any(-1)
     out_BV = torch.full_like(logits_BV, float("-inf"))
-    return out_BV.scatter_(-1, idx_BK, vals_BK.masked_fill(drop_BK, float("-inf")))
+    return out_BV.scatter_(-1, idx_BK, vals_BK.masked_fill(drop_BK, float("-inf"))), undecided_B
 
 
 def _filter_full(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
