@@ -289,8 +289,9 @@ PATHOLOGICAL = [
 
 @pytest.fixture(scope="module")
 def warm():
-    """Start the shared scorer's workers so that start-up is not mistaken for check time."""
-    assert math_reward(f"{B}{{1}}", "1") == 1.0
+    """Start the shared scorer's workers so that start-up is not mistaken for check time (an answer that is not a
+    plain integer: those are settled without a worker)."""
+    assert math_reward(f"{B}{{1.0}}", "1") == 1.0
 
 
 def _timed(fn, *args, **kwargs):
@@ -379,7 +380,7 @@ def test_scorer_usable_from_a_thread_and_close_never_hangs():
 def test_daemonic_worker_process_keeps_the_limit():
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
-        assert pool.apply(math_reward, (f"{B}{{1}}", "1")) == 1.0  # warm: pool + verifier start-up
+        assert pool.apply(math_reward, (f"{B}{{1.0}}", "1")) == 1.0  # warm: pool + verifier start-up (not a plain integer)
         value, seconds = _timed(pool.apply, math_reward, (TOWER, "1"), {"time_limit": LIMIT})
     assert value == 0.0 and seconds < LIMIT + SLACK
 

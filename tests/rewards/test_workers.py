@@ -50,9 +50,9 @@ def test_a_check_over_the_memory_cap_is_an_error_and_its_worker_is_replaced():
         rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     cap_mb = math.ceil(rss / 2**20) + 16
     with RewardScorer("math", num_workers=1, time_limit=60, memory_limit_mb=cap_mb) as scorer:
-        rewards, stats = scorer.score(["\\boxed{2^{2^{27}}}", "\\boxed{2}"], ["1", "2"])
+        rewards, stats = scorer.score(["\\boxed{2^{2^{27}}}", "\\boxed{2.0}"], ["1", "2"])  # 2.0: checked by a worker
         assert rewards == [0.0, 1.0] and stats["reward/errors"] == 1 and stats["reward/worker_restarts"] == 1, stats
-        rewards, stats = scorer.score(["\\boxed{4}"], ["4"])
+        rewards, stats = scorer.score(["\\boxed{4.0}"], ["4"])
     assert rewards == [1.0] and stats["reward/errors"] == 0, stats
 
 
@@ -72,7 +72,7 @@ def test_the_parent_reads_a_busy_workers_memory_and_replaces_it_over_the_cap(mon
         assert rewards == [0.0] and stats["reward/errors"] == 1 and stats["reward/worker_restarts"] == 1, stats
         assert reads and set(reads) == {pid}
         monkeypatch.setattr(scorer_mod, "rss_bytes", lambda pid: 0)
-        rewards, stats = scorer.score(["\\boxed{4}"], ["4"])
+        rewards, stats = scorer.score(["\\boxed{4.0}"], ["4"])  # not a plain integer: the new worker checks it
         assert rewards == [1.0] and stats["reward/errors"] == 0 and scorer._workers[0].proc.pid != pid, stats
 
 

@@ -95,7 +95,8 @@ class Rollout:
 def _filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Top-k then top-p (nucleus) filtering, row by row: dropped logits become ``-inf``. With both set, the
     nucleus is taken over the top-k values (:func:`_top_k_nucleus`) instead of a sort of the whole vocabulary,
-    and the rows it leaves undecided are sorted: the same result, up to the float order of one softmax's sum."""
+    and the rows it leaves undecided are sorted: the same result (up to the float order of one softmax's sum),
+    or for a row holding NaN the same error where the tokens are drawn."""
     if top_k and top_k < logits_BV.shape[-1] and top_p < 1.0:
         out_BV, undecided_B = _top_k_nucleus(logits_BV, top_k, top_p)
         if bool(undecided_B.any()):
