@@ -33,6 +33,7 @@ from tandem_rlvr.names import ATTN_IMPLEMENTATIONS, FSDP_MODES, LOSS_TYPES, MIXE
 from tandem_rlvr.trackers import naming_checks
 
 ARMS = ("trlvr", "grpo", "kl_reg")
+LR_DECAYS = ("constant", "linear", "cosine")  # the LR after the warm-up (tandem_rlvr.training.build.lr_factor)
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding (np.random.seed) takes 0 .. 2**32 - 1
@@ -71,7 +72,8 @@ class AlgoConfig:
     lr: float = _f(1e-6, "AdamW learning rate.", gt=0)
     weight_decay: float = _f(0.0, "AdamW weight decay.", ge=0)
     max_grad_norm: float = _f(1.0, "Gradient-norm clip (0 = off).", ge=0, note="0 = off")
-    warmup_steps: int = _f(0, "Linear LR warm-up steps (constant afterwards).", ge=0)
+    warmup_steps: int = _f(0, "Linear LR warm-up steps (then algo.lr_decay).", ge=0)
+    lr_decay: str = _f("constant", "The LR after the warm-up: constant (the paper's), linear or cosine (from algo.lr down to 0 at the run's last step, train.steps).", choices=LR_DECAYS)
     mini_batch_prompts: int = _f(0, "Prompts per PPO mini-batch (one optimizer update each); 0 = all of the step's prompts (one update per step and epoch).", ge=0)
     ppo_epochs: int = _f(1, "Passes over each step's rollouts.", ge=1)
     micro_batch: int = _f(0, "Rollouts per forward/backward chunk (gradient accumulation); 0 = whole mini-batch.", ge=0)

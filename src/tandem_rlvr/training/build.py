@@ -9,6 +9,8 @@ receives the parts and makes nothing itself (:func:`~tandem_rlvr.training.traine
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import random
 from collections.abc import Callable
@@ -189,6 +191,23 @@ def _prepare_run_dir(acc, cfg: Config, restart: bool):
     return lock, resume_from
 
 
+def lr_factor(step: int, *, warmup: int, total: int, decay: str = "constant") -> float:
+    """The learning rate of RL step ``step`` (0-based) as a fraction of ``algo.lr``: ``(step + 1) / warmup``
+    during the warm-up, then ``constant`` 1, or ``linear`` / ``cosine`` from 1 after the warm-up down to 0 at
+    step ``total`` (the run's last step, ``total - 1``, takes a last small step rather than none)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if decay == "constant":
+        return 1.0
+    span = max(total - warmup, 1)
+    done = min(max(step - warmup, 0), span) / span  # 0 at the first step after the warm-up, 1 at step ``total``
+    if decay == "linear":
+        return 1.0 - done
+    if decay == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * done))
+    raise ValueError(f"unknown lr decay {decay!r}; expected one of constant, linear, cosine")
+
+
 def _senior_and_optimizer(cfg: Config, acc, pair):
     """The senior as trained (FSDP-sharded before the optimizer sees it, else DDP-prepared with it), AdamW
     and the linear warm-up schedule. ``model.gradient_checkpointing`` (the senior only, before it is sharded)."""
@@ -200,8 +219,8 @@ def _senior_and_optimizer(cfg: Config, acc, pair):
         pair.senior = fsdp.shard(pair.senior.to(acc.device), cfg.train.fsdp, mixed_precision=str(acc.mixed_precision))
     params = [p for p in pair.senior.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.algo.lr, weight_decay=cfg.algo.weight_decay)
-    warm = max(cfg.algo.warmup_steps, 0)
-    lr_sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    lr_sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(
+        lr_factor, warmup=cfg.algo.warmup_steps, total=cfg.train.steps, decay=cfg.algo.lr_decay))
     if cfg.train.fsdp != "off":
         return pair.senior, opt, lr_sched
     senior, opt = acc.prepare(pair.senior, opt)
