@@ -11,8 +11,8 @@ by default each is a fresh interpreter (``subprocess``, fork+exec like ``spawn``
 inside daemonic processes (DataLoader / Pool workers, where ``multiprocessing`` may not start
 children) and, unlike the ``spawn`` / ``forkserver`` contexts (available via ``start_method``), does
 not re-run the caller's ``__main__`` in every worker. The parent-side pre-check (no box, too long,
-``boxed_exact``, two plain integers) is :func:`tandem_rlvr.rewards.extract.prepare_check`; the processes themselves are
-:mod:`tandem_rlvr.rewards.workers`.
+``boxed_exact``, two plain integers) is :func:`tandem_rlvr.rewards.extract.prepare_check`; the processes
+themselves are :mod:`tandem_rlvr.rewards.workers`.
 """
 
 from __future__ import annotations

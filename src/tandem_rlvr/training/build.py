@@ -210,7 +210,8 @@ def lr_factor(step: int, *, warmup: int, total: int, decay: str = "constant") ->
 
 def _senior_and_optimizer(cfg: Config, acc, pair):
     """The senior as trained (FSDP-sharded before the optimizer sees it, else DDP-prepared with it), AdamW
-    and the linear warm-up schedule. ``model.gradient_checkpointing`` (the senior only, before it is sharded)."""
+    and the learning-rate schedule (:func:`lr_factor`). ``model.gradient_checkpointing`` (the senior only,
+    before it is sharded)."""
     if getattr(cfg.model, "gradient_checkpointing", False):
         from tandem_rlvr.models import enable_gradient_checkpointing
 
