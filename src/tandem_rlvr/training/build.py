@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from tandem_rlvr import preflight
-from tandem_rlvr.config import Config
+from tandem_rlvr.config import LR_DECAYS, Config
 from tandem_rlvr.context import engine_len
 from tandem_rlvr.engines.handoff import Schedule, make_schedule
 from tandem_rlvr.engines.schedules import config_params
@@ -205,7 +205,7 @@ def lr_factor(step: int, *, warmup: int, total: int, decay: str = "constant") ->
         return 1.0 - done
     if decay == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * done))
-    raise ValueError(f"unknown lr decay {decay!r}; expected one of constant, linear, cosine")
+    raise ValueError(f"unknown lr decay {decay!r}; expected one of {', '.join(LR_DECAYS)}")
 
 
 def _senior_and_optimizer(cfg: Config, acc, pair):
