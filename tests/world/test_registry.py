@@ -15,7 +15,7 @@ RECIPE_API = ("VERSION", "recipe", "model_specs", "tokenizer_corpus", "measure_m
 
 def test_an_unknown_world_is_one_line_naming_the_known_ones():
     assert get_world("shorthand") is WORLDS["shorthand"] and DEFAULT_WORLD == "arith"
-    with pytest.raises(UnknownWorldError, match=r"^world must be one of arith, shorthand, dialects, got 'nowhere'$"):
+    with pytest.raises(UnknownWorldError, match=r"^world must be one of arith, shorthand, dialects, slips, got 'nowhere'$"):
         get_world("nowhere")
     with pytest.raises(UnknownWorldError, match="demo world must be one of"):
         get_world(None, "demo world")
@@ -72,11 +72,13 @@ def test_model_aliases_build_their_own_world(monkeypatch):
     assert models.resolve_name("arith:junior") == "/cache/arith/junior"
     assert models.resolve_name("shorthand:senior") == "/cache/shorthand/senior"
     assert models.resolve_name("dialects:junior") == "/cache/dialects/junior"
-    assert built == ["arith", "arith", "shorthand", "dialects"]
+    assert models.resolve_name("slips:senior") == "/cache/slips/senior"
+    assert built == ["arith", "arith", "shorthand", "dialects", "slips"]
     for name in ("Qwen/Qwen3-0.6B", "world:teacher", "nowhere:senior", "./world:senior", "senior"):
         assert models.resolve_name(name) == name
     assert set(models.WORLD_MODELS) == {"world:senior", "world:junior", "arith:senior", "arith:junior",
-                                        "shorthand:senior", "shorthand:junior", "dialects:senior", "dialects:junior"}
+                                        "shorthand:senior", "shorthand:junior", "dialects:senior", "dialects:junior",
+                                        "slips:senior", "slips:junior"}
 
 
 def test_the_demo_command_offers_the_registered_worlds(monkeypatch):

@@ -5,7 +5,7 @@ Each world's recipe (its specs, tokenizer corpus and property gate) is the modul
 this module builds any of them the same way. Layout under the cache root (``$TANDEM_RLVR_CACHE`` or
 ``~/.cache/tandem_rlvr``)::
 
-    <key prefix>-v<VERSION>-<hash of the recipe>/   (world-v1-..., shorthand-v1-..., dialects-v1-...)
+    <key prefix>-v<VERSION>-<hash of the recipe>/   (world-v1-..., shorthand-v1-..., dialects-v1-..., slips-v1-...)
         tokenizer/   senior/   junior/   manifest.json
 
 Each model folder is a standard Hugging Face checkpoint (safetensors + tokenizer files). A build is
@@ -246,7 +246,7 @@ def build_world(cache_dir: str | Path | None = None, *, force: bool = False, pro
     (``MAX_TRIES``, every try recorded in the manifest). ``force`` rebuilds from scratch; ``seed``
     builds another world of the same recipe (other tokenizer corpus order and model seeds); ``world``
     names the built-in world (a key of :data:`tandem_rlvr.world.registry.WORLDS`: ``arith``, the default,
-    ``shorthand`` or ``dialects``); another name is an :class:`~tandem_rlvr.world.registry.UnknownWorldError`.
+    ``shorthand``, ``dialects`` or ``slips``); another name is an :class:`~tandem_rlvr.world.registry.UnknownWorldError`.
     """
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cache_root.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,11 @@ def complete(
     max_new_tokens: int = 200,
     batch_size: int = 64,
     seed: int = 0,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> list[str]:
-    """Continue each prompt string (greedy when ``temperature == 0``); return the new text only."""
+    """Continue each prompt string (greedy when ``temperature == 0``; else sampled, filtered by ``top_k`` and
+    ``top_p`` where set); return the new text only."""
     torch.manual_seed(seed)
     tokenizer.padding_side = "left"
     out: list[str] = []
@@ -41,7 +44,7 @@ def complete(
         enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
         sampling = {"do_sample": False}
         if temperature > 0:
-            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            sampling = {"do_sample": True, "temperature": temperature, "top_k": top_k, "top_p": top_p}
         gen = model.generate(
             **enc,
             max_new_tokens=max_new_tokens,

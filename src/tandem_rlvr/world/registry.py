@@ -112,7 +112,18 @@ DIALECTS = World(
     # every ledger solution, no 7-8 op plain one)
     demo_plan=MappingProxyType({"max_new_tokens": 80, "lr": 3e-4}),
 )
-WORLDS: Mapping[str, World] = MappingProxyType({w.name: w for w in (ARITH, SHORTHAND, DIALECTS)})
+SLIPS = World(
+    name="slips", source="slips",
+    splits="tandem_rlvr.world.slips:load_split", recipe="tandem_rlvr.world.slips_build",
+    style="tandem_rlvr.world.slips:ledger_rate",
+    description="long chains under a token budget and a terse dialect whose warm-start steps slip (for --junior self)",
+    title="built-in slips world, `--world slips`; its jargon rate is the ledger rate",
+    key_prefix="slips", model_prefixes=("slips",),
+    # the other budget worlds' budget and learning rate (world.slips.BUDGET fits every ledger solution, no 7-8 op
+    # plain one)
+    demo_plan=MappingProxyType({"max_new_tokens": 80, "lr": 3e-4}),
+)
+WORLDS: Mapping[str, World] = MappingProxyType({w.name: w for w in (ARITH, SHORTHAND, DIALECTS, SLIPS)})
 DEFAULT_WORLD = ARITH.name
 
 
