@@ -28,7 +28,7 @@ from functools import partial
 from tandem_rlvr.data import PROMPT_SUFFIX
 from tandem_rlvr.world import dialects as D
 from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
-                                     models_failing, seeded_specs, short_accuracy)
+                                     measure_pair, models_failing, seeded_specs, short_accuracy)
 from tandem_rlvr.world.sft import ModelSpec
 from tandem_rlvr.world.shorthand_build import budget_accuracy, shorthand_step_accuracy  # dialect A: its steps
 
@@ -169,20 +169,8 @@ def measure_model(model, tok, count: int, skills: bool = True) -> dict:
 
 def measure_models(paths, count: int = PROPERTY_COUNT) -> dict:
     """The budget facts and both models' probes, single-threaded (one machine measures the same numbers)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(paths.tokenizer_dir))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = {"budget": budget_facts(tok, count)}
-        for name, d in (("junior", paths.junior_dir), ("senior", paths.senior_dir)):
-            model = AutoModelForCausalLM.from_pretrained(str(d)).eval()
-            out[name] = measure_model(model, tok, count, skills=name == "senior")
-    finally:
-        torch.set_num_threads(threads)
-    return out
+    return measure_pair(paths, count, budget_facts,
+                        lambda model, tok, n, role: measure_model(model, tok, n, skills=role == "senior"))
 
 
 # --------------------------------------------------------------------------------- properties

@@ -40,3 +40,22 @@ def models_failing(checks: list[tuple[str, bool, str]]) -> list[str]:
     """The models (junior, then senior) with at least one failed check: the ones a build trains again."""
     failing = {who for who, ok, _ in checks if not ok}
     return [name for name in ("junior", "senior") if name in failing]
+
+
+def measure_pair(paths, count: int, budget_facts, measure_model) -> dict:
+    """A budget world's gate measurements: ``{"budget": budget_facts(tok, count), "junior": ..., "senior": ...}``,
+    each model's from ``measure_model(model, tok, count, role)``, run single-threaded (so one machine measures the
+    same numbers every time)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(paths.tokenizer_dir))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = {"budget": budget_facts(tok, count)}
+        for role, d in (("junior", paths.junior_dir), ("senior", paths.senior_dir)):
+            out[role] = measure_model(AutoModelForCausalLM.from_pretrained(str(d)).eval(), tok, count, role)
+    finally:
+        torch.set_num_threads(threads)
+    return out

@@ -29,7 +29,7 @@ from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
 from tandem_rlvr.world.sft import ModelSpec
 
 from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
-                                     models_failing, seeded_specs, short_accuracy)
+                                     measure_pair, models_failing, seeded_specs, short_accuracy)
 
 VERSION = 1
 
@@ -170,19 +170,7 @@ def measure_model(model, tok, count: int) -> dict:
 
 def measure_models(paths, count: int = PROPERTY_COUNT) -> dict:
     """The budget facts and both models' probes, single-threaded (one machine measures the same numbers)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(paths.tokenizer_dir))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = {"budget": budget_facts(tok, count)}
-        for name, d in (("junior", paths.junior_dir), ("senior", paths.senior_dir)):
-            out[name] = measure_model(AutoModelForCausalLM.from_pretrained(str(d)).eval(), tok, count)
-    finally:
-        torch.set_num_threads(threads)
-    return out
+    return measure_pair(paths, count, budget_facts, lambda model, tok, n, role: measure_model(model, tok, n))
 
 
 # --------------------------------------------------------------------------------- properties

@@ -3,8 +3,8 @@ record is :data:`tandem_rlvr.world.registry.SLIPS`).
 
 Recipe: a tokenizer trained on problems and both styles; a **senior** warm start taught whole ledger chains
 with probability ``LEDGER_SHARE`` (its spec's ``jargon_share``), each ledger line after the first ``SLIP_FROM``
-slipping one too high with probability ``SLIP_RATE``, plain chains otherwise; a plain-only **junior** (for ``--junior weak``). The
-demo's main setting here is ``--junior self``.
+slipping one too high with probability ``SLIP_RATE``, plain chains otherwise; a plain-only **junior** (for
+``--junior weak``). The demo's main setting here is ``--junior self``.
 
 The promised properties (``PROPERTIES``), what each is for, and the probe that measures it:
 
@@ -30,7 +30,7 @@ import random
 from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
 from tandem_rlvr.world import slips as W
 from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
-                                     models_failing, seeded_specs, short_accuracy)
+                                     measure_pair, models_failing, seeded_specs, short_accuracy)
 from tandem_rlvr.world.sft import ModelSpec
 
 VERSION = 1
@@ -177,20 +177,8 @@ def measure_model(model, tok, count: int, skills: bool = True) -> dict:
 
 def measure_models(paths, count: int = PROPERTY_COUNT) -> dict:
     """The budget facts and both models' probes, single-threaded (one machine measures the same numbers)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(paths.tokenizer_dir))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = {"budget": budget_facts(tok, count)}
-        for name, d in (("junior", paths.junior_dir), ("senior", paths.senior_dir)):
-            model = AutoModelForCausalLM.from_pretrained(str(d)).eval()
-            out[name] = measure_model(model, tok, count, skills=name == "senior")
-    finally:
-        torch.set_num_threads(threads)
-    return out
+    return measure_pair(paths, count, budget_facts,
+                        lambda model, tok, n, role: measure_model(model, tok, n, skills=role == "senior"))
 
 
 # --------------------------------------------------------------------------------- properties
