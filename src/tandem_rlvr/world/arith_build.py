@@ -28,7 +28,8 @@ from tandem_rlvr.world.properties import (  # noqa: F401 (the property gate, Wor
     property_failures,
     property_values,
 )
-from tandem_rlvr.world.rules import MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, seeded_specs
+from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, seeded_specs,
+                                     tokenizer_texts)
 from tandem_rlvr.world.sft import ModelSpec
 from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN
 
@@ -97,15 +98,7 @@ def tokenizer_corpus(seed: int = SEED) -> list[str]:
 
     The constant instruction is not in it: it becomes one added token (see ``build_tokenizer``).
     """
-    stream = sft_problems(seed, (2, 8))
-    corpus = []
-    for _ in range(TOKENIZER_CORPUS):
-        _, p = next(stream)
-        corpus.append(f"<|im_start|>user\n{p.text}<|im_end|>\n<|im_start|>assistant\n")
-        corpus += [plain_solution(p), jargon_solution(p)]
-    rng = random.Random(seed)
-    rng.shuffle(corpus)
-    return corpus
+    return tokenizer_texts(sft_problems(seed, (2, 8)), lambda p: [plain_solution(p), jargon_solution(p)], seed)
 
 
 def measure_models(paths, count: int) -> dict:

@@ -28,7 +28,8 @@ from functools import partial
 from tandem_rlvr.data import PROMPT_SUFFIX
 from tandem_rlvr.world import dialects as D
 from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
-                                     measure_pair, models_failing, seeded_specs, short_accuracy)
+                                     measure_pair, models_failing, seeded_specs, short_accuracy,
+                                     tokenizer_texts)
 from tandem_rlvr.world.sft import ModelSpec
 from tandem_rlvr.world.shorthand_build import budget_accuracy, shorthand_step_accuracy  # dialect A: its steps
 
@@ -98,13 +99,7 @@ def format_fingerprint() -> str:
 
 def tokenizer_corpus(seed: int = SEED) -> list[str]:
     """Deterministic tokenizer training text: chat-framed problems and their solutions in every style."""
-    stream, corpus = D.sft_problems(seed), []
-    for _ in range(TOKENIZER_CORPUS):
-        _, p = next(stream)
-        corpus.append(f"<|im_start|>user\n{p.text}<|im_end|>\n<|im_start|>assistant\n")
-        corpus += [D.solution(p, s) for s in D.STYLES]
-    random.Random(seed).shuffle(corpus)
-    return corpus
+    return tokenizer_texts(D.sft_problems(seed), lambda p: [D.solution(p, s) for s in D.STYLES], seed)
 
 
 train_problem = D.train_problem  # the warm starts' problem sampler: this world's train bucket

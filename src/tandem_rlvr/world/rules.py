@@ -59,3 +59,17 @@ def measure_pair(paths, count: int, budget_facts, measure_model) -> dict:
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+def tokenizer_texts(stream, solutions, seed: int) -> list[str]:
+    """A world's tokenizer corpus: ``TOKENIZER_CORPUS`` problems from ``stream`` (``(n_ops, problem)`` pairs),
+    each as its chat-framed user turn followed by ``solutions(problem)`` (a list of texts), shuffled by ``seed``."""
+    import random
+
+    corpus = []
+    for _ in range(TOKENIZER_CORPUS):
+        _, p = next(stream)
+        corpus.append(f"<|im_start|>user\n{p.text}<|im_end|>\n<|im_start|>assistant\n")
+        corpus += solutions(p)
+    random.Random(seed).shuffle(corpus)
+    return corpus

@@ -29,7 +29,8 @@ from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
 from tandem_rlvr.world.sft import ModelSpec
 
 from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
-                                     measure_pair, models_failing, seeded_specs, short_accuracy)
+                                     measure_pair, models_failing, seeded_specs, short_accuracy,
+                                     tokenizer_texts)
 
 VERSION = 1
 
@@ -85,13 +86,7 @@ def format_fingerprint() -> str:
 
 def tokenizer_corpus(seed: int = SEED) -> list[str]:
     """Deterministic tokenizer training text: chat-framed problems and both solution styles."""
-    stream, corpus = S.sft_problems(seed), []
-    for _ in range(TOKENIZER_CORPUS):
-        _, p = next(stream)
-        corpus.append(f"<|im_start|>user\n{p.text}<|im_end|>\n<|im_start|>assistant\n")
-        corpus += [S.solution(p, "plain"), S.solution(p, "shorthand")]
-    random.Random(seed).shuffle(corpus)
-    return corpus
+    return tokenizer_texts(S.sft_problems(seed), lambda p: [S.solution(p, "plain"), S.solution(p, "shorthand")], seed)
 
 
 train_problem = S.train_problem  # the warm starts' problem sampler: this world's train bucket

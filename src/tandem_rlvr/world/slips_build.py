@@ -30,7 +30,8 @@ import random
 from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
 from tandem_rlvr.world import slips as W
 from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
-                                     measure_pair, models_failing, seeded_specs, short_accuracy)
+                                     measure_pair, models_failing, seeded_specs, short_accuracy,
+                                     tokenizer_texts)
 from tandem_rlvr.world.sft import ModelSpec
 
 VERSION = 1
@@ -96,13 +97,7 @@ def format_fingerprint() -> str:
 
 def tokenizer_corpus(seed: int = SEED) -> list[str]:
     """Deterministic tokenizer training text: chat-framed problems and their solutions in both styles."""
-    stream, corpus = W.sft_problems(seed), []
-    for _ in range(TOKENIZER_CORPUS):
-        _, p = next(stream)
-        corpus.append(f"<|im_start|>user\n{p.text}<|im_end|>\n<|im_start|>assistant\n")
-        corpus += [W.solution(p, s) for s in W.STYLES]
-    random.Random(seed).shuffle(corpus)
-    return corpus
+    return tokenizer_texts(W.sft_problems(seed), lambda p: [W.solution(p, s) for s in W.STYLES], seed)
 
 
 train_problem = W.train_problem  # the warm starts' problem sampler: this world's train bucket
