@@ -40,8 +40,8 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     each, with the same numbers as one process (every job seeds itself). An interrupted demo resumes:
     evaluations already in ``out_dir/results.json`` (same plan, world and junior) are kept, the rest
     is trained and evaluated (``restart``: all). ``world`` names the built-in world (a key of
-    :data:`tandem_rlvr.world.registry.WORLDS`: ``arith``, the default, ``shorthand``, ``dialects`` or ``slips``); its plan
-    (:func:`tandem_rlvr.demo.plan.plans`) is the default;
+    :data:`tandem_rlvr.world.registry.WORLDS`: ``arith``, the default, ``shorthand``, ``dialects`` or
+    ``slips``); its plan (:func:`tandem_rlvr.demo.plan.plans`) is the default;
     ``world_seed`` builds it under another build seed (a robustness check; default: the shipped one)."""
     from tandem_rlvr.demo.report import write_report
     from tandem_rlvr.logs import quiet_libraries

@@ -246,7 +246,8 @@ def build_world(cache_dir: str | Path | None = None, *, force: bool = False, pro
     (``MAX_TRIES``, every try recorded in the manifest). ``force`` rebuilds from scratch; ``seed``
     builds another world of the same recipe (other tokenizer corpus order and model seeds); ``world``
     names the built-in world (a key of :data:`tandem_rlvr.world.registry.WORLDS`: ``arith``, the default,
-    ``shorthand``, ``dialects`` or ``slips``); another name is an :class:`~tandem_rlvr.world.registry.UnknownWorldError`.
+    ``shorthand``, ``dialects`` or ``slips``); another name is an
+    :class:`~tandem_rlvr.world.registry.UnknownWorldError`.
     """
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cache_root.mkdir(parents=True, exist_ok=True)

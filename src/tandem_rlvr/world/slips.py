@@ -20,8 +20,9 @@ while its frozen copy (the self-paired junior) keeps slipping. A solo GRPO chain
 senior stops slipping; a chain co-written with the copy still holds the copy's slips in its late lines, so
 TRLVR's rollouts pay the sharpening less, and a senior handing a long ledger chain over hands the copy
 lines it gets wrong. Unlike the shorthand and dialects worlds, the copy's part makes a co-written chain
-*wrong*, not merely long. (Design 7's build slipped on every line, ``SLIP_FROM = 0``: RL then dropped
-ledger altogether, docs/demo.md.)
+*wrong*, not merely long. Measured (docs/demo.md, designs 7 and 8): with every line slipping
+(``SLIP_FROM = 0``, design 7's build) RL drops ledger in both arms; with this build both arms adopt it and
+drift from the copy alike, so the world does not separate the arms either.
 """
 
 from __future__ import annotations
