@@ -115,14 +115,17 @@ def budget_facts(tok, count: int = PROPERTY_COUNT, budget: int = S.BUDGET) -> di
             "mean_tokens": {n: {s: round(sum(v) / len(v), 1) for s, v in d.items()} for n, d in lengths.items()}}
 
 
-def budget_accuracy(model, tok, problems, prefixes, temperature: float = 0.0, seed: int = 0, budget: int = S.BUDGET):
-    """Accuracy (and texts) of ``model`` continuing ``prompt + prefix`` within the budget (prefix included)."""
+def budget_accuracy(model, tok, problems, prefixes, temperature: float = 0.0, seed: int = 0, budget: int = S.BUDGET,
+                    top_k: int = 0, top_p: float = 1.0):
+    """Accuracy (and texts, prefix included, cut to ``budget`` tokens) of ``model`` continuing ``prompt + prefix``
+    (sampled at ``temperature``, filtered by ``top_k`` / ``top_p`` where set; greedy at 0)."""
     from tandem_rlvr.world.probe import complete
     from tandem_rlvr.world.problems import is_correct
 
     prompts = [render_prompt(tok, p.text) + pre for p, pre in zip(problems, prefixes)]
     widths = [budget - len(tok(pre, add_special_tokens=False)["input_ids"]) for pre in prefixes]
-    texts = complete(model, tok, prompts, temperature=temperature, max_new_tokens=max(widths), seed=seed)
+    texts = complete(model, tok, prompts, temperature=temperature, max_new_tokens=max(widths), seed=seed,
+                     top_k=top_k, top_p=top_p)
     texts = [pre + tok.decode(tok(t, add_special_tokens=False)["input_ids"][:w])
              for pre, t, w in zip(prefixes, texts, widths)]
     return sum(is_correct(t, p.answer) for t, p in zip(texts, problems)) / len(problems), texts

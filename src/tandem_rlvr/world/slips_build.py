@@ -26,13 +26,15 @@ The promised properties (``PROPERTIES``), what each is for, and the probe that m
 from __future__ import annotations
 
 import random
+from functools import partial
 
-from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
+from tandem_rlvr.data import PROMPT_SUFFIX
 from tandem_rlvr.world import slips as W
 from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
                                      measure_pair, models_failing, seeded_specs, short_accuracy,
                                      tokenizer_texts)
 from tandem_rlvr.world.sft import ModelSpec
+from tandem_rlvr.world.shorthand_build import budget_accuracy
 
 VERSION = 1
 TEMPERATURE = 0.6  # the demo's rollout temperature: the sampled probes use it
@@ -55,6 +57,7 @@ PROPERTIES = {
     "junior_short_min": 0.60,  # the junior alone (greedy) on 2-3 op problems; it writes no ledger
 }
 PROPERTY_COUNT = 32
+_accuracy = partial(budget_accuracy, budget=W.BUDGET)  # (accuracy, texts) of chains within this world's budget
 
 
 def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
@@ -108,7 +111,7 @@ def sft_response(problem, rng: random.Random, share: float) -> str:
     ``jargon_share``), else plain; a model taught none (the junior) writes plain only."""
     if share <= 0.0:
         return W.solution(problem, "plain")
-    return W.warm_solution(problem, rng, share, W.SLIP_RATE)
+    return W.warm_solution(problem, rng, share)
 
 
 # ------------------------------------------------------------------------------------- probes
@@ -129,21 +132,6 @@ def budget_facts(tok, count: int = PROPERTY_COUNT, budget: int = W.BUDGET) -> di
             "max_tokens": {n: {s: max(v) for s, v in d.items()} for n, d in lengths.items()}}
 
 
-def continue_within_budget(model, tok, problems, prefixes, *, temperature: float = 0.0, top_k: int = 0,
-                           top_p: float = 1.0, seed: int = 0, budget: int = W.BUDGET) -> tuple[float, list[str]]:
-    """Accuracy and texts (prefix included, cut to ``budget`` tokens) of ``model`` continuing ``prompt + prefix``."""
-    from tandem_rlvr.world.probe import complete
-    from tandem_rlvr.world.problems import is_correct
-
-    prompts = [render_prompt(tok, p.text) + pre for p, pre in zip(problems, prefixes)]
-    widths = [budget - len(tok(pre, add_special_tokens=False)["input_ids"]) for pre in prefixes]
-    texts = complete(model, tok, prompts, temperature=temperature, top_k=top_k, top_p=top_p,
-                     max_new_tokens=max(widths), seed=seed)
-    texts = [pre + tok.decode(tok(t, add_special_tokens=False)["input_ids"][:w])
-             for pre, t, w in zip(prefixes, texts, widths)]
-    return sum(is_correct(t, p.answer) for t, p in zip(texts, problems)) / len(problems), texts
-
-
 def measure_model(model, tok, count: int, skills: bool = True) -> dict:
     """One model's probes (every chain within the budget): greedy accuracy by length; sampled chains (t = 0.6,
     2-8 ops); with ``skills`` (the senior) its forced ledger chains sampled at t = 0.6 on 2-4 op problems
@@ -151,21 +139,21 @@ def measure_model(model, tok, count: int, skills: bool = True) -> dict:
     continuation after the gold ledger first half of a 5-8 op problem under the evaluation's decoding
     (accuracy, slips of the late lines: all its own, since a half is at most ``SLIP_FROM`` lines)."""
     by_len = {n: W.probe_problems(n, count) for n in range(2, 9)}
-    greedy = {n: continue_within_budget(model, tok, ps, [""] * len(ps))[0] for n, ps in by_len.items()}
+    greedy = {n: _accuracy(model, tok, ps, [""] * len(ps))[0] for n, ps in by_len.items()}
     every = [p for n in range(2, 9) for p in by_len[n]]
-    acc, texts = continue_within_budget(model, tok, every, [""] * len(every), temperature=TEMPERATURE)
+    acc, texts = _accuracy(model, tok, every, [""] * len(every), temperature=TEMPERATURE)
     out = {"greedy_accuracy_by_length": greedy,
            "sampled": {"accuracy": acc, "ledger_rate": W.ledger_rate(texts), "slip_rate": W.slip_rate(texts)}}
     if skills:
         short, late = ([p for n in ns for p in by_len[n]] for ns in ((2, 3, 4), (5, 6, 7, 8)))
-        out["forced_ledger_2_4"] = continue_within_budget(model, tok, short, [W.LEDGER_MARKER] * len(short),
-                                                          temperature=TEMPERATURE)[0]
+        short_ledger = [W.LEDGER_MARKER] * len(short)
+        out["forced_ledger_2_4"] = _accuracy(model, tok, short, short_ledger, temperature=TEMPERATURE)[0]
         marker = [W.LEDGER_MARKER] * len(late)
-        acc, texts = continue_within_budget(model, tok, late, marker, temperature=TEMPERATURE)
+        acc, texts = _accuracy(model, tok, late, marker, temperature=TEMPERATURE)
         out["forced_ledger_5_8"] = {"accuracy": acc, "slip_rate": W.slip_rate(texts, W.SLIP_FROM)}
-        out["forced_ledger_5_8_greedy"] = continue_within_budget(model, tok, late, marker)[0]
+        out["forced_ledger_5_8_greedy"] = _accuracy(model, tok, late, marker)[0]
         halves = [W.head(p, "ledger", len(p.ops) // 2) for p in late]
-        acc, texts = continue_within_budget(model, tok, late, halves, **EVAL_DECODING)
+        acc, texts = _accuracy(model, tok, late, halves, **EVAL_DECODING)
         out["copy_after_ledger_half_eval"] = {"accuracy": acc, "slip_rate": W.slip_rate(texts, W.SLIP_FROM)}
     return out
 
