@@ -1,5 +1,6 @@
-"""The build rules the built-in worlds share: the build seed, the tokenizer's size and corpus, the property
-gate's tries, how each try seeds its models, and how a gate's checks become its failures and retrained models."""
+"""The build rules the built-in worlds share: the build seed, the tokenizer's size and corpus (and how a world's
+corpus is laid out), the property gate's tries, how each try seeds its models, how a budget world's gate
+measures its two models, and how a gate's checks become its failures and retrained models."""
 
 from __future__ import annotations
 
