@@ -252,6 +252,17 @@ def sft_problems(seed: int, n_ops_range: tuple[int, int] = (MIN_OPS, MAX_OPS), s
         yield n, train_problem(rng, n, specs)
 
 
+def held_out_problems(n_ops: int, count: int, specs: dict, seed: int) -> list[Problem]:
+    """``count`` held-out problems with exactly ``n_ops`` operations: the test split's (``specs``: a world's split
+    table), then fresh ones from its test buckets drawn with ``seed + n_ops`` (a world's probes)."""
+    rng, out = random.Random(seed + n_ops), [p for p in generate_split("test", specs) if len(p.ops) == n_ops]
+    while len(out) < count:
+        p = generate_problem(rng, n_ops)
+        if in_buckets(p, specs["test"]["buckets"]):
+            out.append(p)
+    return out[:count]
+
+
 def train_problem(rng: random.Random, n_ops: int, specs: dict | None = None) -> Problem:
     """A fresh problem with ``n_ops`` operations from the train bucket (never in val/test)."""
     buckets = (SPLIT_SPECS if specs is None else specs)["train"]["buckets"]

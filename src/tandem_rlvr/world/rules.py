@@ -74,3 +74,26 @@ def tokenizer_texts(stream, solutions, seed: int) -> list[str]:
         corpus += solutions(p)
     random.Random(seed).shuffle(corpus)
     return corpus
+
+
+def budget_recipe(world, version: int, seed: int, specs: dict, formats: str, properties: dict, count: int,
+                  styles: dict | None = None, **gate) -> dict:
+    """A budget world's recipe (what determines its build; its hash names the cache folder): the world module's
+    ``NAME``, ``BUDGET`` and ``SPLIT_SPECS``, the tokenizer, chat template and instruction every world shares,
+    the models' ``specs``, the ``formats`` fingerprint, its ``styles`` (if any) and its property gate
+    (``properties``, ``count``, the shared tries and seed step, and the probes' settings ``gate``)."""
+    from tandem_rlvr.data import PROMPT_SUFFIX
+    from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN
+
+    out = {
+        "world": world.NAME, "version": version, "seed": seed, "budget": world.BUDGET,
+        "tokenizer": {"vocab": TOKENIZER_VOCAB, "corpus": TOKENIZER_CORPUS, "pattern": DIGIT_PATTERN},
+        "chat_template": CHAT_TEMPLATE, "instruction": PROMPT_SUFFIX,
+        "junior": specs["junior"].to_dict(), "senior": specs["senior"].to_dict(),
+        "formats": formats, "splits": world.SPLIT_SPECS,
+        "gate": {"properties": properties, "count": count, "max_tries": MAX_TRIES, "seed_step": TRY_SEED_STEP,
+                 **gate, "retrain": "each model whose properties fail"},
+    }
+    if styles is not None:
+        out["styles"] = styles
+    return out

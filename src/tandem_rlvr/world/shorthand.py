@@ -30,8 +30,6 @@ from tandem_rlvr.data import Example
 from tandem_rlvr.world import problems as P
 from tandem_rlvr.world.problems import (
     Problem,
-    generate_problem,
-    in_buckets,
     plain_solution,
     plain_steps,
 )
@@ -110,12 +108,7 @@ def sft_problems(seed: int, n_ops_range: tuple[int, int] = (2, 8)):
 
 def probe_problems(n_ops: int, count: int) -> list[Problem]:
     """``count`` held-out problems (test buckets) with exactly ``n_ops`` operations."""
-    rng, out = random.Random(7000 + n_ops), [p for p in generate_split("test") if len(p.ops) == n_ops]
-    while len(out) < count:
-        p = generate_problem(rng, n_ops)
-        if in_buckets(p, SPLIT_SPECS["test"]["buckets"]):
-            out.append(p)
-    return out[:count]
+    return P.held_out_problems(n_ops, count, SPLIT_SPECS, 7000)
 
 
 # ------------------------------------------------------------------------------------ style

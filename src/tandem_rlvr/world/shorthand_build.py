@@ -25,12 +25,12 @@ from __future__ import annotations
 import random
 
 from tandem_rlvr.world import shorthand as S
-from tandem_rlvr.data import PROMPT_SUFFIX, render_prompt
+from tandem_rlvr.data import render_prompt
 from tandem_rlvr.world.sft import ModelSpec
 
-from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
-                                     measure_pair, models_failing, seeded_specs, short_accuracy,
-                                     tokenizer_texts)
+# MAX_TRIES is part of a recipe module's interface: build.py reads it here
+from tandem_rlvr.world.rules import (MAX_TRIES, SEED, budget_recipe, failed_checks, measure_pair, models_failing,
+                                     seeded_specs, short_accuracy, tokenizer_texts)
 
 VERSION = 1
 
@@ -58,18 +58,7 @@ def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
 
 def recipe(seed: int = SEED) -> dict:
     """Everything that determines the built world; its hash names the cache folder."""
-    from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN
-
-    specs = model_specs(seed)
-    return {
-        "world": S.NAME, "version": VERSION, "seed": seed, "budget": S.BUDGET,
-        "tokenizer": {"vocab": TOKENIZER_VOCAB, "corpus": TOKENIZER_CORPUS, "pattern": DIGIT_PATTERN},
-        "chat_template": CHAT_TEMPLATE, "instruction": PROMPT_SUFFIX,
-        "junior": specs["junior"].to_dict(), "senior": specs["senior"].to_dict(),
-        "formats": format_fingerprint(), "splits": S.SPLIT_SPECS,
-        "gate": {"properties": PROPERTIES, "count": PROPERTY_COUNT, "max_tries": MAX_TRIES, "seed_step": TRY_SEED_STEP,
-                 "retrain": "each model whose properties fail"},
-    }
+    return budget_recipe(S, VERSION, seed, model_specs(seed), format_fingerprint(), PROPERTIES, PROPERTY_COUNT)
 
 
 def format_fingerprint() -> str:

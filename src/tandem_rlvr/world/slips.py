@@ -34,7 +34,7 @@ from typing import Any
 from tandem_rlvr.data import Example
 from tandem_rlvr.world import problems as P
 from tandem_rlvr.world.dialects import LEDGER_MARKER, ledger_solution, ledger_steps
-from tandem_rlvr.world.problems import Problem, generate_problem, in_buckets, plain_solution, plain_steps
+from tandem_rlvr.world.problems import Problem, plain_solution, plain_steps
 
 NAME = "slips"
 BUDGET = 80  # the demo's token budget: every ledger solution fits, no 7-8 op plain one
@@ -113,12 +113,7 @@ def sft_problems(seed: int, n_ops_range: tuple[int, int] = (2, 8)):
 
 def probe_problems(n_ops: int, count: int) -> list[Problem]:
     """``count`` held-out problems (test buckets) with exactly ``n_ops`` operations."""
-    rng, out = random.Random(9100 + n_ops), [p for p in generate_split("test") if len(p.ops) == n_ops]
-    while len(out) < count:
-        p = generate_problem(rng, n_ops)
-        if in_buckets(p, SPLIT_SPECS["test"]["buckets"]):
-            out.append(p)
-    return out[:count]
+    return P.held_out_problems(n_ops, count, SPLIT_SPECS, 9100)
 
 
 # ------------------------------------------------------------------------------------ style

@@ -28,11 +28,10 @@ from __future__ import annotations
 import random
 from functools import partial
 
-from tandem_rlvr.data import PROMPT_SUFFIX
 from tandem_rlvr.world import slips as W
-from tandem_rlvr.world.rules import (MAX_TRIES, SEED, TOKENIZER_CORPUS, TOKENIZER_VOCAB, TRY_SEED_STEP, failed_checks,
-                                     measure_pair, models_failing, seeded_specs, short_accuracy,
-                                     tokenizer_texts)
+# MAX_TRIES is part of a recipe module's interface: build.py reads it here
+from tandem_rlvr.world.rules import (MAX_TRIES, SEED, budget_recipe, failed_checks, measure_pair, models_failing,
+                                     seeded_specs, short_accuracy, tokenizer_texts)
 from tandem_rlvr.world.sft import ModelSpec
 from tandem_rlvr.world.shorthand_build import budget_accuracy
 
@@ -67,21 +66,10 @@ def model_specs(seed: int = SEED, attempt: int = 0) -> dict[str, ModelSpec]:
 
 def recipe(seed: int = SEED) -> dict:
     """Everything that determines the built world; its hash names the cache folder."""
-    from tandem_rlvr.world.tokenizer import CHAT_TEMPLATE, DIGIT_PATTERN
-
-    specs = model_specs(seed)
-    return {
-        "world": W.NAME, "version": VERSION, "seed": seed, "budget": W.BUDGET,
-        "styles": {"ledger_chain_share": W.LEDGER_SHARE, "slip_rate": W.SLIP_RATE, "slip_from": W.SLIP_FROM,
-                   "ledger_marker": W.LEDGER_MARKER},
-        "tokenizer": {"vocab": TOKENIZER_VOCAB, "corpus": TOKENIZER_CORPUS, "pattern": DIGIT_PATTERN},
-        "chat_template": CHAT_TEMPLATE, "instruction": PROMPT_SUFFIX,
-        "junior": specs["junior"].to_dict(), "senior": specs["senior"].to_dict(),
-        "formats": format_fingerprint(), "splits": W.SPLIT_SPECS,
-        "gate": {"properties": PROPERTIES, "count": PROPERTY_COUNT, "max_tries": MAX_TRIES, "seed_step": TRY_SEED_STEP,
-                 "temperature": TEMPERATURE, "eval_decoding": EVAL_DECODING,
-                 "retrain": "each model whose properties fail"},
-    }
+    styles = {"ledger_chain_share": W.LEDGER_SHARE, "slip_rate": W.SLIP_RATE, "slip_from": W.SLIP_FROM,
+              "ledger_marker": W.LEDGER_MARKER}
+    return budget_recipe(W, VERSION, seed, model_specs(seed), format_fingerprint(), PROPERTIES, PROPERTY_COUNT,
+                         styles, temperature=TEMPERATURE, eval_decoding=EVAL_DECODING)
 
 
 def format_fingerprint() -> str:
