@@ -35,8 +35,19 @@ def _demo(args: argparse.Namespace) -> int:
     from tandem_rlvr.demo import run_demo
 
     run_demo(out_dir=args.out, quick=args.quick, seeds=args.seeds, force_world=args.rebuild_world,
-             restart=args.restart, workers=args.workers, junior=args.junior, world=args.world)
+             restart=args.restart, workers=args.workers, junior=args.junior, world=args.world,
+             world_seed=args.world_seed, budget=args.budget, kl_betas=args.kl_betas)
     return 0
+
+
+def _betas(text: str) -> tuple[float, ...]:
+    """``--kl-betas``: comma-separated numbers; ``none`` (or nothing) for no KL-Reg runs."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(float(b) for b in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers or 'none', got {text!r}") from None
 
 
 def _config_help(args: argparse.Namespace) -> int:
@@ -126,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--restart", action="store_true", help="start over instead of resuming an interrupted demo in --out")
     d.add_argument("--workers", type=int, default=None,
                    help="parallel processes, one job (an arm and seed) each (default: one per CPU)")
+    r = d.add_argument_group("robustness checks (docs/demo.md)")
+    r.add_argument("--budget", type=int, default=None,
+                   help="token budget of the rollouts, the validation and the evaluation (default: the world's plan's)")
+    r.add_argument("--world-seed", type=int, default=None,
+                   help="build the world under this build seed instead of using the shipped build (a rebuild: minutes)")
+    r.add_argument("--kl-betas", type=_betas, default=None,
+                   help="the KL-Reg runs' β, comma-separated (default: 0.01,0.1,1); none: only grpo and trlvr")
     d.set_defaults(func=_demo)
 
     c = sub.add_parser("config-help", help="list every training config key with its documentation")

@@ -8,6 +8,7 @@ one-line errors the loaders raise.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from dataclasses import dataclass, replace
@@ -219,7 +220,8 @@ def check_train_context(cfg, tok, jtok, examples=None) -> RunPlan:
     return _fitted(cfg, examples, tok, train_contexts(cfg, tok, config, jtok, jconfig), jtok, m.bridge)
 
 
-def check_demo(out_dir: str | Path, *, junior: str, seeds: int | None, workers: int | None) -> None:
+def check_demo(out_dir: str | Path, *, junior: str, seeds: int | None, workers: int | None,
+               budget: int | None = None, kl_betas=None, world_seed: int | None = None) -> None:
     """``tandem-rlvr demo``: the output directory and the run's numbers, before the world is built."""
     check_writable(out_dir, "demo --out")
     if junior not in ("weak", "self"):  # weak: the world's junior; self: a frozen copy of the senior
@@ -228,3 +230,10 @@ def check_demo(out_dir: str | Path, *, junior: str, seeds: int | None, workers: 
         raise TandemError(f"demo --seeds must be >= 1, got {seeds}")
     if workers is not None and workers < 1:
         raise TandemError(f"demo workers must be >= 1, got {workers}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise TandemError(f"demo --budget must be a whole number of tokens >= 1, got {budget!r}")
+    if world_seed is not None and (isinstance(world_seed, bool) or not isinstance(world_seed, int) or world_seed < 0):
+        raise TandemError(f"demo --world-seed must be a whole number >= 0, got {world_seed!r}")
+    bad = [b for b in (kl_betas or ()) if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < math.inf]
+    if bad or (kl_betas is not None and len({f"{float(b):g}" for b in kl_betas}) != len(kl_betas)):  # one run name each
+        raise TandemError(f"demo --kl-betas must be distinct numbers > 0, got {list(kl_betas)!r}")

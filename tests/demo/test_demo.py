@@ -62,6 +62,7 @@ def test_demo_quick_writes_every_output(quick_demo, tmp_path, world, monkeypatch
         assert f"kl_beta: {float(beta)}" in cfg, beta
     report = (out / "report.md").read_text()
     assert "## Claims" in report and report.count("\n1. ") == 1 and "5. KL-Reg" in report
+    assert f"; token budget {QUICK.max_new_tokens}; junior: weak. " in report  # the shipped build: no build seed named
     claim_lines = [line for line in report.split("## Claims")[1].splitlines() if line[:2] in ("1.", "2.", "3.", "4.", "5.")]
     assert "**Direction only**" in report and len(claim_lines) == 5
     assert all("direction only (one seed)" in line for line in claim_lines), claim_lines

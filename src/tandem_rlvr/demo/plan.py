@@ -14,7 +14,7 @@ from tandem_rlvr.config import load_config, set_dotted
 from tandem_rlvr.world.registry import DEFAULT_WORLD, WORLDS, get_world
 
 __all__ = ["FULL", "PLANS", "QUICK", "SHORTHAND_FULL", "SHORTHAND_QUICK", "SOURCES", "DemoPlan", "plans", "run_names",
-           "split_run", "style_rate", "train_config"]
+           "split_run", "style_rate", "train_config", "with_changes"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,17 @@ def plans(world: str = DEFAULT_WORLD) -> tuple[DemoPlan, DemoPlan]:
     if not changes:
         return FULL, QUICK
     return DemoPlan(**{**FULL.__dict__, **changes}), DemoPlan(**{**QUICK.__dict__, **changes})
+
+
+def with_changes(plan: DemoPlan, *, seeds: int | None = None, budget: int | None = None,
+                 kl_betas=None) -> DemoPlan:
+    """``plan`` with the command line's changes (None: keep the plan's): ``seeds`` per run, the token
+    ``budget`` (``max_new_tokens`` of the training rollouts, the validation and the evaluation) and the KL-Reg
+    sweep's ``kl_betas`` (empty: no ``kl_reg`` runs, only ``grpo`` and ``trlvr``). The values are checked by
+    :func:`tandem_rlvr.preflight.check_demo`."""
+    changes = {"seeds": seeds, "max_new_tokens": budget, "kl_betas": None if kl_betas is None else tuple(kl_betas)}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    return DemoPlan(**{**plan.__dict__, **changes}) if changes else plan
 
 
 PLANS = {name: plans(name) for name in WORLDS}  # (full, --quick) per world

@@ -171,6 +171,12 @@ def _timing(results: dict) -> str:
     return f"{head} (world build {results['world']['build_s']:.0f} s; the jobs' CPU time {cpu:.0f} s)."
 
 
+def _build_seed(results: dict) -> str:
+    """``; world build seed N`` for a world rebuilt under another build seed (``--world-seed``), else nothing."""
+    seed = results.get("world", {}).get("seed")
+    return "" if seed is None else f"; world build seed {seed} (not the shipped build)"
+
+
 def _title(results: dict) -> str:
     """The report's title, naming the world (``results["world"]["name"]``, the default world when absent) in its
     record's words (:attr:`tandem_rlvr.world.registry.World.title`; a world no longer built in by its name)."""
@@ -191,7 +197,8 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         f"Seeds: {seeds}{'' if seeds >= plan['seeds'] else ' of the ' + str(plan['seeds']) + ' planned (an unfinished run)'}; "
         f"{plan['steps']} training steps of {plan['prompts_per_step']} prompts x "
         f"{plan['group_size']} rollouts; kl_reg β sweep {plan.get('kl_betas')}; evaluation on {plan['eval_problems']} "
-        f"test problems x {plan['eval_n']} samples; junior: {results.get('junior')}. {_timing(results)}", "",
+        f"test problems x {plan['eval_n']} samples; token budget {plan['max_new_tokens']}; junior: {results.get('junior')}"
+        f"{_build_seed(results)}. {_timing(results)}", "",
         *([f"**Direction only**: one seed gives no interval, so no claim below can be reproduced or refuted by this run; "
            f"run the full demo (several seeds) for verdicts.", ""] if seeds < 2 else []),
         "Cells: mean ± half-width of the 95% Student-t interval over seeds (no interval with one seed). "

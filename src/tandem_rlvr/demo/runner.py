@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from tandem_rlvr.demo.jobs import JobContext, n_workers, run_parallel, run_sequential
-from tandem_rlvr.demo.plan import DemoPlan, plans, run_names
+from tandem_rlvr.demo.plan import DemoPlan, plans, run_names, with_changes
 from tandem_rlvr.io import atomic_write_json
 from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: int | None = None,
              force_world: bool = False, junior: str = "weak", plan: DemoPlan | None = None,
              restart: bool = False, workers: int | None = None, world: str = DEFAULT_WORLD,
-             world_seed: int | None = None) -> dict:
+             world_seed: int | None = None, budget: int | None = None, kl_betas=None) -> dict:
     """Run the whole demo; returns the results dict also written to ``out_dir/results.json``.
 
     The warm start's evaluation and each (arm, seed) run are independent jobs; ``workers`` (default:
@@ -42,18 +42,19 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     is trained and evaluated (``restart``: all). ``world`` names the built-in world (a key of
     :data:`tandem_rlvr.world.registry.WORLDS`: ``arith``, the default, ``shorthand``, ``dialects`` or
     ``slips``); its plan (:func:`tandem_rlvr.demo.plan.plans`) is the default;
-    ``world_seed`` builds it under another build seed (a robustness check; default: the shipped one)."""
+    ``world_seed`` builds it under another build seed, ``budget`` changes the plan's token budget and
+    ``kl_betas`` its KL-Reg sweep (empty: ``grpo`` and ``trlvr`` only): the robustness checks of
+    docs/demo.md (default: the shipped world and the plan's own values)."""
     from tandem_rlvr.demo.report import write_report
     from tandem_rlvr.logs import quiet_libraries
     from tandem_rlvr.preflight import check_demo
     from tandem_rlvr.world.build import build_world
 
-    check_demo(out_dir, junior=junior, seeds=seeds, workers=workers)  # before the world build and any training
+    check_demo(out_dir, junior=junior, seeds=seeds, workers=workers, budget=budget, kl_betas=kl_betas,
+               world_seed=world_seed)  # before the world build and any training
     quiet_libraries()  # no transformers/datasets bars in the demo's own (the Hub's downloads on a terminal only)
     get_world(world, "demo world")  # an unknown world fails here, before the build
-    plan = plan or plans(world)[1 if quick else 0]
-    if seeds is not None:
-        plan = DemoPlan(**{**plan.__dict__, "seeds": seeds})
+    plan = with_changes(plan or plans(world)[1 if quick else 0], seeds=seeds, budget=budget, kl_betas=kl_betas)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
