@@ -70,3 +70,20 @@ def test_bad_values_fail_before_the_world_is_built(kw, says, tmp_path, monkeypat
 def test_the_report_names_a_rebuilt_world_and_not_the_shipped_one():
     assert _build_seed({"world": {"name": "slips", "seed": 2234}}) == "; world build seed 2234 (not the shipped build)"
     assert _build_seed({"world": {"name": "slips"}}) == "" and _build_seed({}) == ""
+
+
+def test_a_budget_the_models_cannot_read_fails_before_any_job(world, tmp_path, monkeypatch):
+    paths, _ = world
+    monkeypatch.setenv("TANDEM_RLVR_CACHE", str(paths.root.parent))
+    import tandem_rlvr.demo.runner as runner
+    from tandem_rlvr.demo import run_demo
+
+    monkeypatch.setattr(runner, "run_sequential", lambda *a, **k: pytest.fail("a job ran"))
+    monkeypatch.setattr(runner, "run_parallel", lambda *a, **k: pytest.fail("a job ran"))
+    with pytest.raises(TandemError, match=r"demo --budget 5000 does not fit the arith world's models: .*--budget <= \d+"):
+        run_demo(tmp_path / "d", quick=True, budget=5000, workers=1)
+    assert not (tmp_path / "d" / "results.json").exists()
+    from tandem_rlvr.demo import QUICK
+
+    fits = with_changes(QUICK, budget=64)  # a budget that fits passes the same check
+    assert runner._check_budget(fits, "arith", str(paths.senior_dir), str(paths.junior_dir), tmp_path / "d") is None

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from tandem_rlvr.demo.jobs import JobContext, n_workers, run_parallel, run_sequential
-from tandem_rlvr.demo.plan import DemoPlan, plans, run_names, with_changes
+from tandem_rlvr.demo.plan import DemoPlan, plans, run_names, train_config, with_changes
 from tandem_rlvr.io import atomic_write_json
 from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
 
@@ -60,6 +60,8 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     t0 = time.perf_counter()
     paths = build_world(force=force_world, world=world, **({} if world_seed is None else {"seed": world_seed}))
     jdir = str(paths.junior_dir) if junior == "weak" else None
+    if budget is not None:
+        _check_budget(plan, world, str(paths.senior_dir), jdir, out)
     results = {"plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.__dict__.items()}, "junior": junior,
                "world": {"name": world, **({} if world_seed is None else {"seed": world_seed}), "senior": str(paths.senior_dir), "junior": str(paths.junior_dir),
                          "build_s": time.perf_counter() - t0},
@@ -81,6 +83,23 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     write_report(results, out)
     log.info("demo finished in %.0f s; report: %s", results["total_s"], out / "report.md")
     return results
+
+
+def _check_budget(plan: DemoPlan, world: str, senior_dir: str, junior_dir: str | None, out: Path) -> None:
+    """``--budget`` against the world's models, before any job: the training preflight's context check of the
+    first run's config (its message, in the demo's words)."""
+    from tandem_rlvr.errors import TandemError
+    from tandem_rlvr.models import load_tokenizer
+    from tandem_rlvr.preflight import check_train_context
+
+    cfg = train_config(run_names(plan)[0], 0, out / "runs" / "budget-check", plan, senior_dir, junior_dir,
+                       progress=False, world=world)
+    tok = load_tokenizer(senior_dir)
+    try:
+        check_train_context(cfg, tok, None if junior_dir is None else load_tokenizer(junior_dir))
+    except (TandemError, ValueError) as e:
+        raise TandemError(f"demo --budget {plan.max_new_tokens} does not fit the {world} world's models: "
+                          f"{str(e).replace('rollout.max_new_tokens', '--budget')}") from None
 
 
 def _write_problems(out: Path, plan: DemoPlan, world: str = DEFAULT_WORLD) -> None:
