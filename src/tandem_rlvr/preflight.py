@@ -230,10 +230,15 @@ def check_demo(out_dir: str | Path, *, junior: str, seeds: int | None, workers: 
         raise TandemError(f"demo --seeds must be >= 1, got {seeds}")
     if workers is not None and workers < 1:
         raise TandemError(f"demo workers must be >= 1, got {workers}")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+    if budget is not None and not _whole(budget, 1):
         raise TandemError(f"demo --budget must be a whole number of tokens >= 1, got {budget!r}")
-    if world_seed is not None and (isinstance(world_seed, bool) or not isinstance(world_seed, int) or world_seed < 0):
+    if world_seed is not None and not _whole(world_seed, 0):
         raise TandemError(f"demo --world-seed must be a whole number >= 0, got {world_seed!r}")
     bad = [b for b in (kl_betas or ()) if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b < math.inf]
     if bad or (kl_betas is not None and len({f"{float(b):g}" for b in kl_betas}) != len(kl_betas)):  # one run name each
         raise TandemError(f"demo --kl-betas must be distinct numbers > 0, got {list(kl_betas)!r}")
+
+
+def _whole(value, least: int) -> bool:
+    """Whether ``value`` is an int (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
