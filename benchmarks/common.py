@@ -175,15 +175,36 @@ def ratios(num: list[float], den: list[float]) -> list[float]:
 # ------------------------------------------------------------------------------------ results
 
 
+# The CPU flags that change which kernels PyTorch, MKL and oneDNN run (their speed and their float order), and
+# the variables that hold those libraries to a smaller instruction set than the CPU has.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
+def cpu_description(cpuinfo: str, capability: str, environ) -> str:
+    """The CPU model with its instruction-set flags (``ISA_FLAGS``, from ``/proc/cpuinfo``'s text), the kernels
+    PyTorch chose (``capability``: ``torch.backends.cpu.get_cpu_capability()``) and any ``ISA_ENV`` variable
+    set in ``environ``: what a timing or a last digit depends on besides the clock."""
+    model, flags = None, None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model is None:
+            model = value.strip()
+        elif key.strip() == "flags" and flags is None:
+            flags = set(value.split())
+    model = model or platform.processor() or platform.machine() or "unknown CPU"
+    isa = "flags unknown" if flags is None else (" ".join(f for f in ISA_FLAGS if f in flags) or "no AVX2")
+    held = [f"{k}={environ[k]}" for k in ISA_ENV if environ.get(k)]
+    return f"{model} ({isa}), torch kernels {capability}" + (f", held by {' '.join(held)}" if held else "")
+
+
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
+    """The machine a result was measured on: CPU model and flags, PyTorch's kernels, cores and threads."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
+        text = ""
+    cpu = cpu_description(text, torch.backends.cpu.get_cpu_capability(), os.environ)
     return f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
 
 
