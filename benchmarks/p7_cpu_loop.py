@@ -26,9 +26,12 @@ verifier's own process, so this is near zero and not recorded), ``scoring`` (the
 ``Trainer.update``: forward, backward, optimiser) and ``total`` (``Trainer.train_step``). Arms:
 ``trlvr`` (tandem rollouts, both models on every token), ``grpo`` (solo senior rollouts) and ``kl_reg@0.1``
 (solo rollouts, junior scored teacher-forced, a KL term: every row in the update). The demo trains one
-``trlvr``, one ``grpo`` and three ``kl_reg`` runs per seed: the demo-weighted total printed is
-``trlvr + grpo + 3 × kl_reg`` (``trlvr + 4 × kl_reg`` when ``--arms`` leaves ``grpo`` out). Each repeat also prints both sides' reward mean, loss and mean response length
-per step (equal up to float order).
+``trlvr``, one ``grpo`` and three ``kl_reg`` runs per seed: the demo-weighted total printed (from the sides'
+medians) and recorded (per repeat, from its two sides' weighted sums) is ``trlvr + grpo + 3 × kl_reg``
+(``trlvr + 4 × kl_reg`` when ``--arms`` leaves ``grpo`` out). Each repeat also prints both sides' reward mean,
+loss and mean response length per step: not equal, since the two samplers draw the same distribution from
+different random streams, so the sides' tokens part from the first step on (each side repeats its own
+numbers from repeat to repeat).
 """
 
 from __future__ import annotations
@@ -182,6 +185,14 @@ def main() -> None:
         what = " + ".join(f"{w} x {arm}" if w > 1 else arm for arm, w in weights.items())
         print(f"P7 demo-weighted total ({what}) new/old {tot[1] / tot[0]:.3f}: "
               f"old {tot[0]:.1f}s new {tot[1]:.1f}s per step of all five runs")
+        # per repeat: the weighted sums of that repeat's two sides (the spread the row shows)
+        weighted = [sum(times[(arm, "total")][r][1] * w for arm, w in weights.items())
+                    / sum(times[(arm, "total")][r][0] * w for arm, w in weights.items()) for r in range(a.repeats)]
+        if not a.no_write:
+            C.record("P7 demo-weighted total", f"CPU RL step of the default demo, new ÷ old loop ({what})", weighted,
+                     "<= 0.333", f"{a.steps} step(s) × {a.repeats} repeats per side; per repeat, the weighted sum of "
+                     f"the arms' total CPU s of each side; CPU s per step of all five runs old→new (medians) "
+                     f"{tot[0]:.2f}→{tot[1]:.2f}")
     if not a.no_write:
         details = (f"default demo plan (8×8 rollouts, 112 new tokens, word p=0.5, T=0.6), prebuilt world "
                    f"(Qwen3 h96×L3, senior 320 / junior 256 MLP), {a.steps} step(s) × {a.repeats} repeats per side; "
