@@ -7,7 +7,7 @@ warm start, same steps, per seed; :func:`train_config` is the config each run tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem_rlvr.config import load_config, set_dotted
@@ -51,7 +51,7 @@ def plans(world: str = DEFAULT_WORLD) -> tuple[DemoPlan, DemoPlan]:
     changes = dict(get_world(world, "demo world").demo_plan)
     if not changes:
         return FULL, QUICK
-    return DemoPlan(**{**FULL.__dict__, **changes}), DemoPlan(**{**QUICK.__dict__, **changes})
+    return replace(FULL, **changes), replace(QUICK, **changes)
 
 
 def with_changes(plan: DemoPlan, *, seeds: int | None = None, budget: int | None = None,
@@ -62,7 +62,7 @@ def with_changes(plan: DemoPlan, *, seeds: int | None = None, budget: int | None
     :func:`tandem_rlvr.preflight.check_demo`."""
     changes = {"seeds": seeds, "max_new_tokens": budget, "kl_betas": None if kl_betas is None else tuple(kl_betas)}
     changes = {k: v for k, v in changes.items() if v is not None}
-    return DemoPlan(**{**plan.__dict__, **changes}) if changes else plan
+    return replace(plan, **changes) if changes else plan
 
 
 PLANS = {name: plans(name) for name in WORLDS}  # (full, --quick) per world
