@@ -32,11 +32,18 @@ medians) and recorded (per repeat, from its two sides' weighted sums) is ``trlvr
 loss and mean response length per step: not equal, since the two samplers draw the same distribution from
 different random streams, so the sides' tokens part from the first step on (each side repeats its own
 numbers from repeat to repeat).
+
+``--floor`` then puts the step against its arithmetic: each side's FLOPs per phase (``torch.utils.flop_counter``:
+matrix products and attention, the CPU flash attention counted by this script's formulas; element-wise work
+not counted), the floor those FLOPs set at this thread's best float32 matrix-product rate over the loop's
+shapes, and the CPU seconds the new loop spends inside its matrix-product and attention kernels (torch
+profiler), each against the new step's median time and the goal (the old step's ÷ 3).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import tempfile
@@ -78,48 +85,47 @@ def _trainer(world, arm: str, plan, out: Path):
     return Trainer(cfg, parts)
 
 
-def _side(world, arm: str, plan, steps: int, lean: bool) -> tuple[dict, list]:
-    """CPU seconds per phase summed over ``steps`` steps, and each step's (reward mean, loss, mean length).
-
-    CPU time of this single-threaded process, not wall time: on a machine shared with other jobs the
-    wall clock also counts the time the scheduler gave to them. The phases are timed by wrapping the
-    trainer's own methods: ``rollout``, ``rewards``, ``update`` (its no-grad ``sequence_logps`` calls
-    are the scoring, the rest the update) and ``train_step`` (the total).
-    """
+@contextlib.contextmanager
+def _loop(lean: bool):
+    """One side's loop: the ``engines.fastpath`` switches in ``FLAGS`` all on (new) or all off (old, with the old
+    sampler); restored on the way out."""
     from tandem_rlvr.engines import fastpath
-    from tandem_rlvr.training import trainer as trainer_mod
-
-    out = {p: 0.0 for p in PHASES}
-
-    def timed(fn, phase):
-        def call(*args, **kw):
-            if phase == "scoring" and torch.is_grad_enabled():
-                return fn(*args, **kw)  # the update's own forward: counted in the update
-            c0 = time.process_time()
-            try:
-                return fn(*args, **kw)
-            finally:
-                out[phase] += time.process_time() - c0
-        return call
-
-    prev = {f: getattr(fastpath, f) for f in FLAGS}
-    for f in FLAGS:
-        setattr(fastpath, f, lean)
     from tandem_rlvr.engines import types as types_mod
 
-    prev_logps, prev_draw = trainer_mod.sequence_logps, types_mod.draw
+    prev, prev_draw = {f: getattr(fastpath, f) for f in FLAGS}, types_mod.draw
+    for f in FLAGS:
+        setattr(fastpath, f, lean)
     if not lean:
         types_mod.draw = _multinomial
-    trainer_mod.sequence_logps = timed(prev_logps, "scoring")
     try:
-        with tempfile.TemporaryDirectory() as d:
+        yield
+    finally:
+        for f, v in prev.items():
+            setattr(fastpath, f, v)
+        types_mod.draw = prev_draw
+
+
+def _run(world, arm: str, plan, steps: int, lean: bool, wrap) -> list:
+    """``steps`` RL steps of one side, the trainer's ``rollout``, ``rewards``, ``update`` and ``train_step`` and
+    its no-grad ``sequence_logps`` calls (the scoring) wrapped by ``wrap(fn, phase)``; returns each step's
+    (reward mean, loss, mean response length)."""
+    from tandem_rlvr.training import trainer as trainer_mod
+
+    prev_logps = trainer_mod.sequence_logps
+    scoring = wrap(prev_logps, "scoring")
+
+    def logps(*args, **kw):  # the update's own forward (under autograd) is counted in the update
+        return (prev_logps if torch.is_grad_enabled() else scoring)(*args, **kw)
+    trainer_mod.sequence_logps = logps
+    try:
+        with _loop(lean), tempfile.TemporaryDirectory() as d:
             tr = _trainer(world, arm, plan, Path(d) / "run")
             tr.cfg.algo.old_logps = "auto" if lean else "recompute"
             if not lean:  # the old demo config: one update chunk per mini-batch
                 tr.cfg.algo.micro_batch = 0
             for name, phase in (("rollout", "rollout"), ("rewards", "reward"), ("update", "update"),
                                 ("train_step", "total")):
-                setattr(tr, name, timed(getattr(tr, name), phase))
+                setattr(tr, name, wrap(getattr(tr, name), phase))
             with tr._scorer() as scorer:
                 tr.scorer = scorer
                 scorer.score(["\\boxed{1}"], ["1"])  # start the verifier worker outside the timed steps
@@ -130,11 +136,136 @@ def _side(world, arm: str, plan, steps: int, lean: bool) -> tuple[dict, list]:
                                  row["rollout/response_len"]))
                 tr.scorer = None
     finally:
-        for f, v in prev.items():
-            setattr(fastpath, f, v)
-        trainer_mod.sequence_logps, types_mod.draw = prev_logps, prev_draw
+        trainer_mod.sequence_logps = prev_logps
+    return seen
+
+
+def _side(world, arm: str, plan, steps: int, lean: bool) -> tuple[dict, list]:
+    """CPU seconds per phase summed over ``steps`` steps, and each step's (reward mean, loss, mean length).
+
+    CPU time of this single-threaded process, not wall time: on a machine shared with other jobs the
+    wall clock also counts the time the scheduler gave to them. The update's time is ``update`` less the
+    scoring inside it.
+    """
+    out = {p: 0.0 for p in PHASES}
+
+    def timed(fn, phase):
+        def call(*args, **kw):
+            c0 = time.process_time()
+            try:
+                return fn(*args, **kw)
+            finally:
+                out[phase] += time.process_time() - c0
+        return call
+
+    seen = _run(world, arm, plan, steps, lean, timed)
     out["update"] -= out["scoring"]
     return out, seen
+
+
+MATMUL_SHAPES = ((64, 96, 192), (64, 96, 640), (64, 320, 96), (64, 96, 495),  # (rows, in, out): a decode step
+                 (4096, 96, 192), (4096, 96, 640), (4096, 320, 96), (4096, 96, 495))  # a teacher-forced forward
+KERNELS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _count_cpu_attention() -> None:
+    """Let ``FlopCounterMode`` count PyTorch's CPU flash attention, forward and backward, as it counts the CUDA
+    kernels (torch 2.13 counts no CPU attention): the score and value products, ``2 · 2·B·H·Lq·Lk·D``."""
+    from torch.utils import flop_counter as fc
+
+    fwd, bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, \
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    if fwd in fc.flop_registry:
+        return
+    fc.register_flop_formula(fwd)(lambda q, k, v, *a, out_shape=None, **kw: fc.sdpa_flop_count(q, k, v))
+    fc.register_flop_formula(bwd)(lambda g, q, k, v, *a, out_shape=None, **kw: fc.sdpa_backward_flop_count(g, q, k, v))
+
+
+def _flops(world, arm: str, plan, steps: int, lean: bool) -> dict:
+    """Floating-point operations per phase over ``steps`` steps of one side: matrix products and attention, as
+    ``torch.utils.flop_counter`` counts them (element-wise work is not counted). The update's count is the
+    ``update`` call's less the scoring inside it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _count_cpu_attention()
+    out = {p: 0 for p in PHASES}
+
+    def counted(fn, phase):
+        def call(*args, **kw):
+            with FlopCounterMode(display=False) as fc:  # nested counters: the outer one counts the inner's ops too
+                result = fn(*args, **kw)
+            out[phase] += fc.get_total_flops()
+            return result
+        return call
+
+    _run(world, arm, plan, steps, lean, counted)
+    out["update"] -= out["scoring"]
+    return out
+
+
+def _kernel_seconds(world, arm: str, plan, steps: int) -> float:
+    """CPU seconds that ``steps`` steps of the new loop spend inside the ``KERNELS`` (matrix products and
+    attention; torch.profiler's self time of those ops)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    seen = {}
+
+    def profiled(fn, phase):
+        if phase != "total":
+            return fn
+
+        def call(*args, **kw):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                result = fn(*args, **kw)
+            for e in prof.key_averages():
+                if e.key.startswith(KERNELS):
+                    seen[e.key] = seen.get(e.key, 0.0) + e.self_cpu_time_total / 1e6
+            return result
+        return call
+
+    _run(world, arm, plan, steps, True, profiled)
+    return sum(seen.values())
+
+
+def _matmul_rate(reps: float = 2e8) -> float:
+    """This thread's best float32 GFLOP/s over ``MATMUL_SHAPES`` (the loop's matrix products), each shape timed
+    over ~``reps`` operations after a warm-up."""
+    best = 0.0
+    for m, k, n in MATMUL_SHAPES:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        calls = max(3, int(reps // (2 * m * k * n)))
+        for _ in range(3):
+            a @ b
+        c0 = time.process_time()
+        for _ in range(calls):
+            a @ b
+        best = max(best, 2 * m * k * n * calls / max(time.process_time() - c0, 1e-9) / 1e9)
+    return best
+
+
+def _floor(world, arms: list[str], plan, steps: int, times: dict, write: bool) -> None:
+    """Each arm's arithmetic floor (its counted FLOPs at this thread's best matrix-product rate) and the new
+    loop's seconds in the matrix-product and attention kernels, against its measured step and the goal (1/3
+    of the old step)."""
+    rate = _matmul_rate()
+    print(f"P7 floor: best float32 matrix-product rate over the loop's shapes {rate:.0f} GFLOP/s (one thread)")
+    for arm in arms:
+        old = statistics.median(t[0] for t in times[(arm, "total")]) / steps
+        new = statistics.median(t[1] for t in times[(arm, "total")]) / steps
+        f_old, f_new = (_flops(world, arm, plan, steps, lean) for lean in (False, True))
+        kern = _kernel_seconds(world, arm, plan, steps) / steps
+        floor = f_new["total"] / steps / rate / 1e9
+        phases = ", ".join(f"{p} {f_old[p] / steps / 1e9:.1f}→{f_new[p] / steps / 1e9:.1f}"
+                           for p in ("rollout", "scoring", "update"))
+        g_old, g_new = f_old["total"] / steps / 1e9, f_new["total"] / steps / 1e9
+        line = (f"{arm}: GFLOP/step old→new {g_old:.1f}→{g_new:.1f} ({phases}), run at {g_old / old:.0f}→"
+                f"{g_new / new:.0f} GFLOP/s; new step {new:.3f} s, its floor at {rate:.0f} GFLOP/s {floor:.3f} s, its "
+                f"matrix-product and attention kernels {kern:.3f} s; the goal (old {old:.3f} s ÷ 3) {old / 3:.3f} s")
+        print("P7 floor " + line, flush=True)
+        if write:
+            C.record(f"P7 floor {arm}", f"CPU RL step ({arm}): new loop ÷ its arithmetic floor", [new / floor], None,
+                     f"{steps} step(s) per side; {line}; FLOPs as torch.utils.flop_counter counts them (matrix "
+                     "products and attention, each side over its own tokens), element-wise work not counted")
 
 
 def main() -> None:
@@ -144,6 +275,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--arms", default="trlvr,grpo,kl_reg@0.1")
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to RESULTS.md")
+    ap.add_argument("--floor", action="store_true", help="then each arm's arithmetic floor (its FLOPs at this "
+                    "thread's matrix-product rate) and the new loop's seconds in matrix-product and attention kernels")
     a = ap.parse_args()
     if a.quick or C.quick():
         a.steps, a.repeats = 1, 2
@@ -203,6 +336,8 @@ def main() -> None:
                 continue
             C.record(f"P7 {arm} {p}", f"CPU RL step, new ÷ old loop ({arm}, {p})", ratios.get((arm, p)),
                      "<= 0.333" if p == "total" else None, details)
+    if a.floor:
+        _floor(world, arms, plan, a.steps, times, not a.no_write)
 
 
 if __name__ == "__main__":
