@@ -160,11 +160,30 @@ def replace_durably(src: str | Path, dst: str | Path) -> None:
         fsync_dir(Path(src).parent)
 
 
+def fsync_tree(path: str | Path) -> None:
+    """fsync every file under ``path`` and every folder below it: their contents on disk before a rename
+    publishes them (else a power cut after the rename can leave a published folder of empty or partial files).
+    A file system that cannot sync a file (``EINVAL``) is skipped; any other failure raises."""
+    for root, dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+            finally:
+                os.close(fd)
+        for name in dirs:
+            fsync_dir(os.path.join(root, name))
+
+
 def publish_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
-    """Move a fully written ``tmp_dir`` to ``final_dir`` (replacing an older one); each rename is made
-    durable (:func:`replace_durably`)."""
+    """Move a fully written ``tmp_dir`` to ``final_dir`` (replacing an older one) once its files are on disk
+    (:func:`fsync_tree`); each rename is made durable (:func:`replace_durably`)."""
     final_dir = Path(final_dir)
-    fsync_dir(tmp_dir)  # the names written inside it
+    fsync_tree(tmp_dir)  # the files' contents, and the names written inside it
+    fsync_dir(tmp_dir)
     if final_dir.exists():
         trash = final_dir.with_name(f".{final_dir.name}.old")
         shutil.rmtree(trash, ignore_errors=True)

@@ -138,6 +138,55 @@ def test_every_rename_that_publishes_is_followed_by_an_fsync_of_its_folder(tmp_p
         _install(tmp_path / "world.tmp", tmp_path / "world")
     replaces = [i for i, (kind, _) in enumerate(events) if kind == "replace"]
     assert len(replaces) >= 10
+    synced = {where for kind, where in events if kind == "fsync"}
+    published = [p for p in (run / "best", run / "checkpoints" / "step-1") if p.is_dir()]
+    for folder in published:  # every file's contents were synced (under its temporary name) before publishing
+        for f in folder.rglob("*"):
+            if f.is_file():
+                tmp_name = Path(str(f).replace(f"/{folder.name}/", f"/.tmp-{folder.name}/", 1))
+                assert tmp_name in synced, f"{f.name} of {folder.name} published without an fsync of its contents"
     for i in replaces:
         following = next((where for kind, where in events[i + 1:] if kind == "fsync"), None)
         assert following == events[i][1], f"rename into {events[i][1]} not followed by an fsync of it (next: {following})"
+
+
+def test_each_process_resumes_with_its_own_random_state(tmp_path, tokenizer, caplog):
+    """A checkpoint of a 2-process run holds both processes' RNG states: each resumes with its own (dropout
+    masks as in an uninterrupted run). Resumed by another number of processes, every process takes the main
+    one's, with a warning; a one-process checkpoint keeps its one state."""
+    import logging
+    import random
+
+    states = []
+    for seed in (11, 22):  # what the two processes' generators hold at the save
+        torch.manual_seed(seed)
+        random.seed(seed)
+        states.append(ck.rng_state())
+    model, opt, sched = _parts(tokenizer)
+    ckpt = ck.save_checkpoint(tmp_path / "run", 3, model=model, tokenizer=tokenizer, optimizer=opt, scheduler=sched,
+                              trainer_state={}, keep_last=5, rng_states=states)
+
+    def resumed(rank, n):
+        torch.manual_seed(99)
+        random.seed(99)
+        _load(ckpt, tokenizer, rank=rank, num_processes=n)
+        return torch.rand(3), random.random()
+
+    def drawn(seed):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        return torch.rand(3), random.random()
+
+    for rank, seed in ((0, 11), (1, 22)):
+        got, want = resumed(rank, 2), drawn(seed)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1], f"process {rank}"
+    caplog.set_level(logging.WARNING)
+    for rank in (0, 2):  # the main process says so, once
+        got, want = resumed(rank, 3), drawn(11)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1], f"process {rank} of 3"
+    assert caplog.text.count("random states of 2 process(es), this run has 3") == 1
+    one = ck.save_checkpoint(tmp_path / "one", 1, model=model, tokenizer=tokenizer, optimizer=opt, scheduler=sched,
+                             trainer_state={}, keep_last=5, rng_states=states[1:])
+    torch.manual_seed(99)
+    _load(one, tokenizer)
+    assert torch.equal(torch.rand(3), drawn(22)[0])

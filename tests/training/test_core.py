@@ -13,6 +13,7 @@ from tandem_rlvr.training.core import (
     group_advantages,
     k3_kl,
     masked_mean,
+    merge_metrics,
     policy_loss,
     token_logps,
 )
@@ -473,3 +474,16 @@ def test_policy_loss_takes_advantages_from_the_cpu(monkeypatch):
         loss, _ = core.policy_loss(logps_BT, torch.zeros(2, 3, device="meta"), torch.tensor([1.0, -1.0]),
                                    torch.ones(2, 3, device="meta"), loss_type=loss_type, num_tokens=6, max_len=3)
         assert loss.device.type == "meta" and loss.shape == ()
+
+
+def test_merge_metrics_weights_token_means_by_tokens_sums_and_averages_the_rest():
+    """Two chunks of 3 and 1 trained tokens: a token mean is (3·a + 1·b) / 4, a summed key adds up (0 where a
+    part lacks it), any other key is the plain mean over the parts that have it."""
+    parts = [{"train/clip_frac": 1 / 3, "train/ratio_mean": 1.2, "train/num_tokens": 3.0, "train/loss": 0.5, "x": 2.0},
+             {"train/clip_frac": 1.0, "train/ratio_mean": 0.8, "train/num_tokens": 1.0, "train/loss": 0.25},
+             {}]  # a chunk with no trained token (another process's tokens only): no metrics
+    out = merge_metrics(parts, summed={"train/loss", "train/num_tokens", "train/pg_loss"})
+    assert out["train/clip_frac"] == pytest.approx((3 * (1 / 3) + 1.0) / 4)  # 0.5, not the chunks' mean 2/3
+    assert out["train/ratio_mean"] == pytest.approx((3 * 1.2 + 0.8) / 4)
+    assert out["train/loss"] == pytest.approx(0.75) and out["train/num_tokens"] == 4.0 and out["train/pg_loss"] == 0.0
+    assert out["x"] == 2.0

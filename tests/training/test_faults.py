@@ -171,6 +171,23 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_ends_equal(tmp_path, model
     _assert_same_end(run, reference)
 
 
+def test_a_run_whose_every_checkpoint_is_damaged_is_refused_not_retrained(tmp_path, model_dirs, capsys):
+    """The only checkpoint (``keep_last`` 1) fails its checksums: nothing to resume from. The command refuses
+    (exit 2, one line naming the damaged checkpoint and --restart) and the run's metrics and models stay."""
+    cfg = _cfg(tmp_path, model_dirs)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "train.steps=4", "train.keep_last=1"]) == 0
+    _flip(run / "checkpoints" / "step-4" / "model.safetensors")
+    metrics = (run / "metrics.jsonl").read_text()
+    final = (run / "final" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(["train", str(cfg), "train.keep_last=1"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be resumed" in err and "damaged-step-4" in err and "--restart" in err
+    assert (run / "metrics.jsonl").read_text() == metrics
+    assert (run / "final" / "model.safetensors").read_bytes() == final
+
+
 # -- full disks --------------------------------------------------------------------------------
 
 def _enospc(*_a, **_k):

@@ -160,3 +160,21 @@ def poison_policy_loss(monkeypatch, calls: set[int] | None):
         return loss, met
 
     monkeypatch.setattr(core, "policy_loss", poisoned)
+
+
+def test_an_fp16_overflow_is_left_to_the_loss_scaler(tmp_path, tokenizer, base_models, monkeypatch):
+    """fp16 (CUDA only: accelerate attaches no loss scaler on CPU, so one is attached here by hand). The gradients
+    of an overflowed mini-batch were unscaled to measure their norm, so its skipped update must still go through
+    the scaler, which skips the optimizer step and halves its scale; else the next mini-batch's unscale raises
+    ("unscale_() has already been called on this optimizer since the last update()"). An overflow the scaler
+    absorbs (its scale still >= 1) is its business: not a non-finite update toward ``train.max_nonfinite``."""
+    poison_policy_loss(monkeypatch, calls={1, 2})  # the last mini-batch of step 0, the first of step 1
+    tr = _trainer(_cfg(tmp_path, "algo.mini_batch_prompts=1", "train.max_nonfinite=1"), tokenizer, base_models)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    inner = tr.opt.optimizer
+    tr.acc.scaler = scaler  # what accelerate sets up for mixed_precision=fp16 on a GPU: the loss scaled in
+    tr.opt.__init__(inner, device_placement=False, scaler=scaler)  # backward, the step through the scaler
+    monkeypatch.setattr(tr.acc, "unscale_gradients", lambda optimizer=None: scaler.unscale_(inner), raising=False)
+    rows = [tr.train_step(0), tr.train_step(1)]
+    assert scaler.get_scale() == 2.0**14  # two overflows backed the scale off twice; the other updates stepped
+    assert tr.opt.state and [r["train/nonfinite_run"] for r in rows] == [0, 0]

@@ -136,6 +136,26 @@ def test_a_fresh_run_starts_over_an_attempt_that_stopped_before_its_first_checkp
     assert (run / "config.yaml").is_file()
 
 
+@pytest.mark.parametrize("left", [["checkpoints/damaged-step-4/model.safetensors"], ["final/model.safetensors"],
+                                  ["best/model.safetensors", "best/best.json"]])
+def test_a_run_that_cannot_be_resumed_is_not_started_over_without_restart(tmp_path, left):
+    """No intact checkpoint, but the run went further than its metrics (its checkpoints all damaged, or a saved
+    model and no checkpoint: ``train.save_every`` 0): a fresh start would retrain from step 0 over its metrics
+    and models, so it is refused in one line and nothing changes; ``--restart`` starts over."""
+    run = tmp_path / "run"
+    cfg = _cfg(run)
+    assert rundir.prepare(run, cfg, restart=False) is None
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    _make(run, left)
+    before = _tree(run)
+    with pytest.raises(TandemError, match="cannot be resumed") as e:
+        rundir.prepare(run, cfg, restart=False)
+    assert "--restart" in str(e.value) and left[0].split("/")[-2] in str(e.value) and "\n" not in str(e.value)
+    assert _tree(run) == before
+    assert rundir.prepare(run, cfg, restart=True) is None
+    assert not (run / "metrics.jsonl").exists() and not (run / left[0]).exists()
+
+
 def test_aim_folder_is_a_runs_own_when_its_config_names_the_tracker(tmp_path):
     run = tmp_path / "run"
     _make(run, [".aim/meta/x", "metrics.jsonl"])

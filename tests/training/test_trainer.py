@@ -84,6 +84,26 @@ def test_fails_closed_without_senior_tokens(tmp_path, tokenizer, base_models):
         tr.train_step(0)
 
 
+def test_no_senior_token_is_judged_over_every_process(tokenizer, base_models):
+    """One process's rows may hold no senior token while another's do (multi-process, low p): its mask is then
+    all zero and the step trains (each chunk's loss an exact zero there); only a step with no senior token on
+    any process is refused. ``reduce`` stands in for the sum over processes."""
+    import torch
+
+    senior = base_models[0]
+    enc = tokenizer(["hi"], return_tensors="pt")
+    r = generate(senior, None, enc.input_ids, enc.attention_mask, make_schedule("none"), Sampling(max_new_tokens=4),
+                 eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    r.owner_BT = torch.zeros_like(r.response_mask_BT)  # the junior wrote every token of this process's rows
+    plan = ArmPlan("word", True, 0.0)
+    with pytest.raises(TandemError, match="selects no senior token"):
+        loss_mask(r, plan)  # one process: identity
+    with pytest.raises(TandemError, match="selects no senior token"):
+        loss_mask(r, plan, reduce=lambda local: local + 0.0)  # no process has one
+    mask = loss_mask(r, plan, reduce=lambda local: local + 4.0)  # another process has 4
+    assert mask.shape == r.response_mask_BT.shape and float(mask.sum()) == 0.0
+
+
 def test_missing_ownership_is_an_error(tokenizer, base_models):
     senior = base_models[0]
     enc = tokenizer(["hi"], return_tensors="pt")

@@ -57,6 +57,18 @@ def test_micro_batches_do_not_change_the_update(tmp_path, tokenizer, trainer_par
     assert split["train/grad_norm"] == pytest.approx(whole["train/grad_norm"], rel=1e-5)
 
 
+def test_token_mean_metrics_do_not_depend_on_the_micro_batch(tmp_path, tokenizer, trainer_parts):
+    """``train/ratio_mean`` and ``train/clip_frac`` are token means over the trained tokens: chunks of 3 rollouts
+    of different lengths give the values of one chunk per mini-batch (an unweighted mean over the chunks let the
+    short ones count as much as the long). The second of two mini-batches is off-policy, so its ratios are not 1."""
+    over = ("algo.loss_type=dapo", "algo.mini_batch_prompts=2", "algo.clip_eps=0.02", "rollout.max_new_tokens=24")
+    whole = _one_step(tmp_path / "a", tokenizer, trainer_parts, *over)
+    split = _one_step(tmp_path / "b", tokenizer, trainer_parts, *over, "algo.micro_batch=3")
+    assert abs(whole["train/ratio_mean"] - 1.0) > 1e-4 and whole["train/clip_frac"] > 0
+    for key in ("train/ratio_mean", "train/clip_frac", "train/clip_frac_high", "train/clip_frac_low"):
+        assert split[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+
+
 def test_dr_grpo_divides_by_each_mini_batch_longest_response(tmp_path, tokenizer, trainer_parts, monkeypatch):
     """dr_grpo's max_len is the longest response of the mini-batch (over processes), not T or a token sum."""
     from tandem_rlvr.training import core

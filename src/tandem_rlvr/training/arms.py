@@ -3,6 +3,7 @@ rollout under a model: the pieces of a step that are not the loop (:mod:`tandem_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,8 +35,10 @@ def arm_plan(cfg: Config) -> ArmPlan:
     raise ValueError(f"unknown arm {a.arm!r}")
 
 
-def loss_mask(rollout: Rollout, plan: ArmPlan) -> torch.Tensor:
-    """``response_mask * owner`` for tandem arms, ``response_mask`` otherwise; fails closed."""
+def loss_mask(rollout: Rollout, plan: ArmPlan, reduce: Callable[[float], float] = float) -> torch.Tensor:
+    """``response_mask * owner`` for tandem arms, ``response_mask`` otherwise; fails closed: no senior token in
+    the whole step is an error. ``reduce`` sums a number over the processes (identity in one process): one
+    process's rows may hold no senior token while others' do (its loss is then an exact zero)."""
     mask = rollout.response_mask_BT.float()
     if not plan.mask_owner:
         return mask
@@ -44,8 +47,8 @@ def loss_mask(rollout: Rollout, plan: ArmPlan) -> torch.Tensor:
     if rollout.owner_BT.shape != mask.shape:
         raise TandemError(f"ownership mask shape {tuple(rollout.owner_BT.shape)} != response shape {tuple(mask.shape)}")
     masked = mask * rollout.owner_BT.float()
-    if masked.sum() == 0:
-        raise TandemError("the ownership mask selects no senior token in this step; refusing to train")
+    if reduce(float(masked.sum())) == 0:
+        raise TandemError("the ownership mask selects no senior token in this step (on any process); refusing to train")
     return masked
 
 

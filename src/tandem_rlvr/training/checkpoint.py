@@ -32,25 +32,47 @@ _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
 def rng_state() -> tuple[dict, dict]:
-    """Every RNG state the trainer touches: (JSON-able python/numpy states, torch tensors)."""
+    """Every RNG state this process touches: (JSON-able python/numpy states, torch tensors: the CPU generator's
+    and, with CUDA, its current device's; not every visible device's, which a host with fewer GPUs could not take)."""
     v, inner, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
     plain = {"python": [v, list(inner), gauss], "numpy": [name, keys.tolist(), pos, has_gauss, cached]}
     tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        tensors["cuda"] = torch.cuda.get_rng_state_all()
+        tensors["cuda_device"] = torch.cuda.get_rng_state()
     return plain, tensors
 
 
 def set_rng_state(plain: dict, tensors: dict) -> None:
-    """Restore what :func:`rng_state` captured."""
+    """Restore what :func:`rng_state` captured (a checkpoint written before it kept every visible CUDA device's
+    state as ``cuda``: this process's device's is taken from it where it exists)."""
     v, inner, gauss = plain["python"]
     random.setstate((v, tuple(inner), gauss))
     name, keys, pos, has_gauss, cached = plain["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(tensors["torch"])
-    if "cuda" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(tensors["cuda"])
+    if not torch.cuda.is_available():
+        return
+    cuda, index = tensors.get("cuda_device"), torch.cuda.current_device()
+    if cuda is None and index < len(tensors.get("cuda", ())):
+        cuda = tensors["cuda"][index]
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda)
+
+
+def _rng_of_process(state: dict, ts: dict, ckpt: Path, rank: int, num_processes: int) -> tuple[dict, dict]:
+    """The RNG states process ``rank`` of ``num_processes`` resumes with: its own where the checkpoint was written
+    by as many processes, else the main process's (logged: draws after the resume, dropout's, then differ from an
+    uninterrupted run's)."""
+    plain, tensors = state.pop("rng"), ts["rng"]
+    ranks_plain, ranks_tensors = state.pop("rng_ranks", None), ts.get("rng_ranks")
+    written = len(ranks_plain) if ranks_plain else 1
+    if written == num_processes and ranks_plain:
+        return ranks_plain[rank], ranks_tensors[rank]
+    if written != num_processes and rank == 0:
+        log.warning("checkpoint %s holds the random states of %d process(es), this run has %d: every process "
+                    "resumes with the main process's", ckpt, written, num_processes)
+    return plain, tensors
 
 
 def save_model(model, tokenizer, out_dir: str | Path, state_dict: dict | None = None,
@@ -100,11 +122,12 @@ def _save_weights_inner(model, path: Path, state_dict: dict | None) -> None:
 
 def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimizer, scheduler,
                     trainer_state: dict, keep_last: int = 3, model_state: dict | None = None,
-                    optim_state: dict | None = None) -> Path:
+                    optim_state: dict | None = None, rng_states: list[tuple[dict, dict]] | None = None) -> Path:
     """Write ``checkpoints/step-{step}`` atomically (with checksums) and prune all but the newest ``keep_last``.
 
     ``model_state`` / ``optim_state``: full states to write instead of the model's and optimizer's
-    own (those of a sharded senior, gathered by :mod:`tandem_rlvr.training.fsdp`). A full disk raises
+    own (those of a sharded senior, gathered by :mod:`tandem_rlvr.training.fsdp`). ``rng_states``: every
+    process's :func:`rng_state`, in process order (None: this process's alone). A full disk raises
     :class:`~tandem_rlvr.errors.DiskFull` after removing the half-written directory."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -117,11 +140,13 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimiz
         if hasattr(model, "peft_config"):
             torch.save({k: v for k, v in model.state_dict().items() if "lora_" in k}, tmp / "lora_state.pt")
         tokenizer.save_pretrained(str(tmp))
-        plain_rng, tensor_rng = rng_state()
+        rngs = rng_states or [rng_state()]
+        ranks = {"rng_ranks": [r[1] for r in rngs]} if len(rngs) > 1 else {}
         optim = optim_state if optim_state is not None else optimizer.state_dict()
-        torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": tensor_rng},
+        torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rngs[0][1], **ranks},
                    tmp / "train_state.pt")
-        atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state, "rng": plain_rng})
+        ranks = {"rng_ranks": [r[0] for r in rngs]} if len(rngs) > 1 else {}
+        atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state, "rng": rngs[0][0], **ranks})
         integrity.write_checksums(tmp)
         (tmp / MARKER).write_text("ok\n")
     except Exception as e:
@@ -187,8 +212,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bool | None = None,
-                    trust_unverified: bool = False) -> dict:
-    """Restore weights, optimiser, scheduler and RNG states in place; returns the trainer state.
+                    trust_unverified: bool = False, rank: int = 0, num_processes: int = 1) -> dict:
+    """Restore weights, optimiser, scheduler and RNG states in place; returns the trainer state. Process
+    ``rank`` of ``num_processes`` takes its own RNG states where the checkpoint holds as many (:func:`_rng_of_process`).
 
     Only the files ``checksums.json`` lists are read (:func:`weight_files`); a checkpoint without it is
     refused unless ``trust_unverified``. ``sharded_main`` (a senior sharded by :mod:`tandem_rlvr.training.fsdp`):
@@ -222,7 +248,7 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bo
         optimizer.load_state_dict(ts["optimizer"])
     scheduler.load_state_dict(ts["scheduler"])
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    set_rng_state(state.pop("rng"), ts["rng"])
+    set_rng_state(*_rng_of_process(state, ts, ckpt, rank, num_processes))
     return state
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "group_advantages",
     "k3_kl",
     "masked_mean",
+    "merge_metrics",
     "chunk_weight",
     "process_scale",
     "policy_loss",
@@ -177,6 +178,29 @@ def chunk_weight(loss_type: str, chunk_rows: int, rows: int, num_processes: int 
         return float(num_processes), 1.0
     share = chunk_rows / rows
     return share, share
+
+
+TOKEN_MEAN_METRICS = frozenset({"train/clip_frac", "train/clip_frac_low", "train/clip_frac_high", "train/ratio_mean",
+                                "kl/policy_ref"})  # the token means among policy_loss's metrics
+
+
+def merge_metrics(parts: list[dict[str, float]], summed: frozenset[str] | set[str] = frozenset()) -> dict[str, float]:
+    """The metrics of several :func:`policy_loss` calls (an update's chunks, or its mini-batches) as one: the
+    keys in ``summed`` added up (0 for a part without them); the token means (:data:`TOKEN_MEAN_METRICS`)
+    weighted by each part's ``train/num_tokens``, so that they stay means over all the parts' tokens whatever
+    the chunks' sizes; any other key averaged over the parts that have it."""
+    out = {}
+    for key in set().union(*parts) | set(summed):
+        if key in summed:
+            out[key] = float(sum(p.get(key, 0.0) for p in parts))
+            continue
+        vals = [(p[key], p.get("train/num_tokens", 0.0)) for p in parts if key in p]
+        total = sum(w for _, w in vals)
+        if key in TOKEN_MEAN_METRICS and total > 0:
+            out[key] = float(sum(v * w for v, w in vals) / total)
+        else:
+            out[key] = float(sum(v for v, _ in vals) / len(vals))
+    return out
 
 
 def rows_with_gradient(adv_B: Tensor, rows: Tensor, kl_beta: float = 0.0) -> Tensor:

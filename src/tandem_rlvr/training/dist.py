@@ -63,6 +63,15 @@ def _fsdp_sync(model, enabled: bool):
         model.set_requires_gradient_sync(True)
 
 
+def gather_objects(acc, obj) -> list:
+    """Every process's ``obj``, in process order, on every process (``[obj]`` in one process). Collective."""
+    if acc.num_processes == 1:
+        return [obj]
+    from accelerate.utils import gather_object
+
+    return gather_object([obj])
+
+
 def reduce_row(acc, row: dict) -> dict:
     """Merge every process's metrics row on all processes: counts summed, the rest averaged.
 

@@ -60,7 +60,8 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
 
     ``restart`` first deletes what a run wrote there (:func:`clear_run`; refused if it holds anything
     else). A directory with progress (a checkpoint or metrics) is resumed only if its ``config.yaml``
-    matches ``cfg`` up to :data:`RESUMABLE_CHANGES`. The caller holds the directory's lock (:func:`open_run`).
+    matches ``cfg`` up to :data:`RESUMABLE_CHANGES`; one that has no intact checkpoint left but went further
+    than its metrics is refused (:func:`_check_nothing_lost`). The caller holds the directory's lock (:func:`open_run`).
     """
     if restart:
         clear_run(run_dir)
@@ -78,10 +79,31 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
                 "pass --restart to start over or choose another train.out_dir"
             )
     if resume_from is None and not restart:
+        _check_nothing_lost(run_dir)
         _check_fresh(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     return resume_from
+
+
+def _check_nothing_lost(run_dir: Path) -> None:
+    """Refuse a fresh start (it would retrain from step 0 over this run's metrics and saved models) where a run
+    went further than its first checkpoint but cannot be resumed: every checkpoint failed its checksums (moved
+    aside as ``damaged-step-N``), or the run saved a model (``final/`` or ``best/``) and no checkpoint is left
+    (``train.save_every`` 0, or they were removed). An attempt killed before its first checkpoint (its metrics
+    only) still starts over; ``--restart`` starts over in every case."""
+    ckpts = run_dir / "checkpoints"
+    damaged = sorted(p.name for p in ckpts.glob("damaged-step-*")) if ckpts.is_dir() else []
+    saved = [f"{name}/" for name in ("final", "best") if (run_dir / name).is_dir()]
+    if damaged:
+        why = f"every checkpoint of this run failed its checksums (moved aside: {', '.join(damaged)})"
+    elif saved:
+        why = f"it holds this run's saved model ({' and '.join(saved)}) but no checkpoint to resume from"
+    else:
+        return
+    raise TandemError(f"run directory {str(run_dir)!r} cannot be resumed: {why}; a fresh start would retrain from "
+                      "step 0 over its metrics and models. Pass --restart to start over (it deletes them) or choose "
+                      "another train.out_dir (nothing was changed)")
 
 
 def _check_fresh(run_dir: Path) -> None:

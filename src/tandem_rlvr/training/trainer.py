@@ -67,7 +67,8 @@ class Trainer:
             return
         state = ckpt_mod.load_checkpoint(self.resume_from, model=self.acc.unwrap_model(self.senior),
                                          optimizer=self.opt, scheduler=self.sched,
-                                         sharded_main=self.acc.is_main_process if self.sharded else None)
+                                         sharded_main=self.acc.is_main_process if self.sharded else None,
+                                         rank=self.acc.process_index, num_processes=self.acc.num_processes)
         self.step = int(state["step"])
         self.nonfinite_run = int(state.get("nonfinite_run", 0))
         self.best = state.get("best", self.best)
@@ -167,7 +168,7 @@ class Trainer:
             junior_lp = rollout.junior_logps_BT
             if junior_lp is None and self.junior is not None and not self.bridge:  # other vocabulary: no per-token KL
                 junior_lp = sequence_logps(self.junior, rollout, temp, cfg.algo.micro_batch)
-        mask = loss_mask(rollout, plan)
+        mask = loss_mask(rollout, plan, reduce=lambda x: dist.reduce_scalar(self.acc, x, "sum"))
         metrics = self._drift_metrics(old, junior_lp, rollout)
         metrics["time/score_s"] = time.perf_counter() - t0  # teacher-forced old (and junior) log-probs
         senior.train()
@@ -179,8 +180,7 @@ class Trainer:
             for m in range(0, rollout.batch_size, mb):
                 rows = torch.arange(m, min(m + mb, rollout.batch_size), device=device)
                 acc_metrics.append(self._minibatch(rollout, rows, old, junior_lp, adv_B, mask))
-        for k in set().union(*acc_metrics):
-            metrics[k] = float(np.mean([a[k] for a in acc_metrics if k in a]))
+        metrics.update(core.merge_metrics(acc_metrics))  # token means weighted by each mini-batch's tokens
         metrics["train/lr"] = self.sched.get_last_lr()[0]
         return metrics
 
@@ -225,9 +225,7 @@ class Trainer:
         if prefix is not None:
             prefix.backward()  # the prompts' share of the gradient, once for all chunks
         grad_norm = self._clip_and_step()
-        summed = {"train/loss", "train/pg_loss", "train/num_tokens"}  # add up over the chunks
-        out = {k: float(np.mean([p[k] for p in parts if k in p])) for k in set().union(*parts) - summed}
-        out.update({k: float(sum(p.get(k, 0.0) for p in parts)) for k in summed})
+        out = core.merge_metrics(parts, summed={"train/loss", "train/pg_loss", "train/num_tokens"})  # chunks add up
         if len(rows) < n_rows:  # rows left out (one process): their tokens still count
             out["train/num_tokens"] = n_tok
         scale = core.process_scale(cfg.algo.loss_type, n_proc)  # pg_loss is averaged over processes in reduce_row
@@ -252,6 +250,13 @@ class Trainer:
         max_norm = self.cfg.algo.max_grad_norm or float("inf")
         norm = float(self.acc.clip_grad_norm_(params, max_norm))
         if not math.isfinite(norm):
+            scaler = getattr(self.opt, "scaler", None)
+            if scaler is not None:  # fp16: its loss scaler skips the step and lowers the scale itself (it has
+                self.opt.step()  # unscaled these gradients: it must reach update() before the next unscale)
+                self.opt.zero_grad(set_to_none=True)
+                if scaler.get_scale() >= 1.0:  # an overflow the scaler absorbs, not a non-finite update
+                    log.info("fp16 gradient overflow (norm=%s): update skipped, loss scale now %g", norm, scaler.get_scale())
+                    return norm
             self.opt.zero_grad(set_to_none=True)
             self.nonfinite_run += 1
             log.warning("non-finite gradient (norm=%s): update skipped (%d in a row)", norm, self.nonfinite_run)
@@ -365,6 +370,7 @@ class Trainer:
                 self.acc.log(row, step=self.step)
         if self.nonfinite_run >= cfg.train.max_nonfinite:
             self.save()
+            self.acc.wait_for_everyone()  # no process exits (and has the launcher kill the writer) before it is written
             raise TandemError(f"{self.nonfinite_run} non-finite updates in a row at step {self.step}; "
                               f"stopped with a checkpoint in {self.run_dir / 'checkpoints'}")
         if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
@@ -407,6 +413,7 @@ class Trainer:
         states = {}
         if self.sharded:
             states = {"model_state": fsdp.full_model_state(senior), "optim_state": fsdp.full_optim_state(senior, self.opt)}
+        states["rng_states"] = dist.gather_objects(self.acc, ckpt_mod.rng_state())  # every process's own
         if not self.acc.is_main_process:
             return None
         return ckpt_mod.save_checkpoint(
