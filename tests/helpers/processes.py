@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import socket
 
-# token-weighted diagnostics, averaged over processes: compared with a looser tolerance than the other metrics
+# token means over the trained tokens (weighted over chunks, mini-batches and processes), compared with a looser
+# tolerance than the other metrics: between runs whose weights differ in float order a ratio near a clip bound
+# can fall on either side of it
 APPROX = ("train/ratio_mean", "train/clip_frac", "train/clip_frac_low", "train/clip_frac_high")
 
 

@@ -487,3 +487,18 @@ def test_merge_metrics_weights_token_means_by_tokens_sums_and_averages_the_rest(
     assert out["train/ratio_mean"] == pytest.approx((3 * 1.2 + 0.8) / 4)
     assert out["train/loss"] == pytest.approx(0.75) and out["train/num_tokens"] == 4.0 and out["train/pg_loss"] == 0.0
     assert out["x"] == 2.0
+
+
+def test_processes_rows_merge_token_means_by_their_tokens(monkeypatch):
+    """Two processes' rows: a token mean is weighted by each process's tokens (10 and 30: (0.5·10 + 0·30) / 40),
+    the tokens add up, any other metric is the plain mean over processes."""
+    import accelerate.utils
+
+    from tandem_rlvr.training import dist
+
+    rows = [{"step": 1, "train/clip_frac": 0.5, "train/num_tokens": 10.0, "reward/mean": 0.25},
+            {"step": 1, "train/clip_frac": 0.0, "train/num_tokens": 30.0, "reward/mean": 0.75}]
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda _mine: rows)
+    out = dist.reduce_row(type("Acc", (), {"num_processes": 2})(), rows[0])
+    assert out["train/clip_frac"] == pytest.approx(0.125) and out["train/num_tokens"] == 40.0
+    assert out["reward/mean"] == pytest.approx(0.5) and out["step"] == 1

@@ -6,6 +6,8 @@ import contextlib
 
 import torch
 
+from tandem_rlvr.training.core import TOKEN_MEAN_METRICS
+
 # reward-scorer statistics that are counts (summed over processes); other metrics are averaged
 COUNT_SUFFIXES = ("/n", "/timeouts", "/no_box", "/errors", "/too_long", "/truncated", "/worker_restarts",
                   "/correct")
@@ -73,10 +75,12 @@ def gather_objects(acc, obj) -> list:
 
 
 def reduce_row(acc, row: dict) -> dict:
-    """Merge every process's metrics row on all processes: counts summed, the rest averaged.
+    """Merge every process's metrics row on all processes: counts summed, token means
+    (:data:`~tandem_rlvr.training.core.TOKEN_MEAN_METRICS`) weighted by each process's ``train/num_tokens``, the
+    rest averaged.
 
     Each process owns the same number of whole prompt groups, so the mean of per-process means is
-    the global mean for per-rollout and per-group metrics (token-weighted ones are approximate).
+    the global mean for per-rollout and per-group metrics.
     """
     if acc.num_processes == 1:
         return row
@@ -92,9 +96,19 @@ def reduce_row(acc, row: dict) -> dict:
             out[key] = float(sum(vals))
         elif key.startswith("time/"):
             out[key] = float(max(vals))
+        elif key in TOKEN_MEAN_METRICS and _token_weighted(rows, key) is not None:
+            out[key] = _token_weighted(rows, key)
         else:
             out[key] = float(sum(vals) / len(vals))
     return out
+
+
+def _token_weighted(rows: list[dict], key: str) -> float | None:
+    """``key``'s mean over the processes' rows weighted by their ``train/num_tokens`` (None without tokens)."""
+    pairs = [(float(r[key]), float(r.get("train/num_tokens") or 0.0)) for r in rows
+             if isinstance(r.get(key), (int, float))]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total > 0 else None
 
 
 def close_process_group() -> None:
