@@ -103,6 +103,26 @@ def test_prefill_of_repeated_prompts_reads_each_once():
         assert not torch.equal(keys[0], keys[2])
 
 
+def test_one_token_prompts_that_repeat_decode_as_transformers(monkeypatch):
+    """Prompts one token long, each twice: the prefill reads the distinct prompts (a one-column block, as a
+    decode step's) and must not take the decode steps' grouped-query path, whose mask has a row per batch row.
+    Whole greedy rollouts of the lean decoder equal transformers' (the generic path)."""
+    from tandem_rlvr.engines import fastpath
+    from tandem_rlvr.engines.handoff import make_schedule
+    from tandem_rlvr.engines.rollout import generate
+    from tandem_rlvr.engines.types import Sampling
+
+    model = _qwen3()
+    ids = torch.tensor([[5], [5], [7], [7]])
+
+    def rollout():
+        return generate(model, None, ids, torch.ones_like(ids), make_schedule("none"),
+                        Sampling(max_new_tokens=6, temperature=0.0), eos_token_ids=[2], pad_token_id=0)
+    lean = rollout()
+    monkeypatch.setattr(fastpath, "LEAN", False)
+    assert torch.equal(lean.response_ids_BT, rollout().response_ids_BT)
+
+
 def test_dropped_rows_leave_the_live_rows_unchanged():
     model = _qwen3()
     B, P, N = 6, 8, 5

@@ -125,6 +125,22 @@ def test_max_rounds_and_budget(tokenizer, pair, batch):
     assert r.response_ids_BT.shape[1] <= 7
 
 
+def test_rounds_count_the_turns_written(tokenizer, batch):
+    """``rounds_B`` is 1 + the changes of author among a row's written tokens: a turn that the coin after its
+    last token starts (at EOS, at the budget, past max_rounds) is never written and not counted."""
+    eos = tokenizer.eos_token_id
+    senior = bias_token(make_tiny_model(len(tokenizer), 0, 48), eos, 2.0)  # rows of varied lengths, most ending on EOS
+    junior = bias_token(make_tiny_model(len(tokenizer), 1, 32), eos, 2.0)
+    sch = make_schedule("bernoulli", p=0.5)
+    for max_rounds, budget in ((None, 40), (3, 40), (None, 6)):
+        r = _gen(tokenizer, senior, junior, batch, sch, Sampling(max_new_tokens=budget, temperature=1.0), seed=1,
+                 max_rounds=max_rounds)
+        for b in range(r.batch_size):
+            n = int(r.response_mask_BT[b].sum())
+            own = r.owner_BT[b, :n]
+            assert int(r.rounds_B[b]) == 1 + int((own[1:] != own[:-1]).sum()), (max_rounds, budget, b)
+
+
 def test_schedule_needing_junior_without_one_raises(tokenizer, pair, batch):
     with pytest.raises(ValueError, match="needs a junior"):
         _gen(tokenizer, pair[0], None, batch, make_schedule("word", tokenizer, p=0.5), Sampling(max_new_tokens=4))
@@ -229,6 +245,33 @@ def test_gqa_attention_is_exact_and_restores(tokenizer, batch):
             assert model.config._attn_implementation != "sdpa"
     assert model.config._attn_implementation == "sdpa"
     assert torch.equal(ref, got)
+
+
+def test_a_model_that_names_its_attention_itself_keeps_sdpa(tokenizer, batch):
+    """Falcon compares ``config._attn_implementation`` to ``"sdpa"`` in its own code instead of looking the
+    function up: renamed for the GQA fast path it would take its eager branch and add SDPA's boolean mask to the
+    scores (future and padding positions visible). It keeps plain SDPA, and the rollout's recorded log-probs
+    equal a teacher-forced forward of transformers' model, fast path on."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    from tandem_rlvr.engines.rollout import gqa_attention
+
+    torch.manual_seed(0)
+    falcon = FalconForCausalLM(FalconConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                            num_attention_heads=4, pad_token_id=tokenizer.pad_token_id)).eval()
+    with gqa_attention(falcon):
+        assert falcon.config._attn_implementation == "sdpa"
+    r = _gen(tokenizer, falcon, None, batch, make_schedule("none"), Sampling(max_new_tokens=8, temperature=1.0), seed=0)
+    scored = sequence_logps(falcon, r, 1.0)
+    m = r.response_mask_BT.bool()
+    assert_close_to_scale(r.senior_logps_BT[m], scored[m])
+    with torch.no_grad():  # one unpadded row through transformers' own forward, no engine code at all
+        row = 1 if r.prompt_mask_BP[1].all() else 0
+        n = int(r.response_mask_BT[row].sum())
+        full = torch.cat([r.prompt_ids_BP[row][r.prompt_mask_BP[row].bool()], r.response_ids_BT[row, :n]])[None]
+        logits = falcon(input_ids=full).logits[0, -n - 1:-1].log_softmax(-1)
+        plain = logits.gather(-1, r.response_ids_BT[row, :n, None]).squeeze(-1)
+    assert_close_to_scale(r.senior_logps_BT[row, :n], plain)
 
 
 def test_lora_adapter_off_junior(tokenizer, batch):

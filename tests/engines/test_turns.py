@@ -100,12 +100,15 @@ def test_token_level_turns_end_where_the_coins_hand_over(sides, name, params):
             if k < len(c.turns) - 1:
                 assert replay.author != author and c.turns[k + 1][0] == replay.author  # the coin handed over
         assert replay.rounds == c.sched.rounds
+        # the rollout's rounds: the turns written, not one the coin after an EOS or at the budget would start
+        assert c.rounds == 1 + sum(a[0] != b[0] for a, b in zip(c.turns, c.turns[1:]))
 
 
 @pytest.mark.parametrize("name", ["step", "alternate"])
 def test_step_level_turns_end_at_step_ends_and_rounds_count_author_changes(sides, name):
     """Every turn but a chain's last ends its step; a step-end coin may keep the author (step) or never does
-    (alternate); rounds are 1 + the changes of author, + 1 where the next turn would pass max_rounds."""
+    (alternate); the schedule's rounds are 1 + the changes of author, + 1 where the next turn would pass
+    max_rounds (the chain's, the rollout's, are the turns written: without that one)."""
     kept = stopped = 0
     for max_rounds in (2, 3):
         _, chains = _play(sides, name, rules=TurnRules(max_rounds=max_rounds), budget=60)
@@ -114,6 +117,7 @@ def test_step_level_turns_end_at_step_ends_and_rounds_count_author_changes(sides
             kept += len(c.turns) - 1 - changes
             stopped += c.stop == "max_rounds"
             assert c.sched.rounds == 1 + changes + int(c.stop == "max_rounds")
+            assert c.rounds == 1 + changes  # what the rollout reports: the turns written
             assert c.sched.rounds <= max_rounds + 1 and (c.stop == "max_rounds") == (c.sched.rounds > max_rounds)
             assert all(_turn_text(sides[0 if a else 1], ids, True).endswith(STEP_END) for a, ids in c.turns[:-1])
     assert (kept > 0) == (name == "step") and (stopped > 0 or name == "step")

@@ -109,6 +109,15 @@ def fast_ok(model) -> bool:
     return not (getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None))
 
 
+def _dispatches_attention(model) -> bool:
+    """Whether ``model``'s attention looks its function up by ``config._attn_implementation`` (transformers'
+    ``_supports_attention_backend``), so that a renamed one is called. A model without it (Falcon) compares the
+    name to ``"sdpa"`` itself: renamed, it would take its eager branch and add SDPA's boolean mask to the
+    scores (future and padding positions left visible)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(getattr(base, "_supports_attention_backend", False))
+
+
 @contextlib.contextmanager
 def gqa_attention(*models):
     """Within the block, run the grouped-query attention of these models inside SDPA on CPU.
@@ -123,6 +132,8 @@ def gqa_attention(*models):
     for m in models:
         cfg = getattr(m, "config", None)
         if cfg is None or getattr(cfg, "_attn_implementation", None) != "sdpa" or not fast_ok(m):
+            continue
+        if not _dispatches_attention(m):
             continue
         try:
             device = next(iter(m.parameters())).device

@@ -134,7 +134,7 @@ class LeanQwen3:
         if expand is not None and a:
             raise ValueError("expand applies to the first forward (the prompts) only")
         self._reserve(b)
-        grouped = Q == 1 and H != Hkv and self.add_BL is not None
+        grouped = Q == 1 and H != Hkv and self.add_BL is not None and expand is None  # add_BL has a row per row
         if grouped:  # one query per head: the heads sharing a KV head become queries of that head
             mask = self.add_BL[:, None, None, :b]
         cos, sin = self.cos[pos_BQ][:, None], self.sin[pos_BQ][:, None]  # (B, 1, Q, D)

@@ -263,8 +263,10 @@ class _CoWrite:
         self.turn[:, t] = torch.where(self.state.fresh_B.to(self.device) & live, author.long(), -1)
         for d in self.decs:
             d.record(t, tok)
+        # a row's rounds: the turn of its last token (a turn the coin after it starts, at EOS, at the budget or
+        # past max_rounds, is never written)
+        self.rounds = torch.where(live.cpu(), self.state.rounds_B, self.rounds)
         self.state = self.schedule.advance(self.state, tok, self.coins)
-        self.rounds = torch.where(self.done.cpu(), self.rounds, self.state.rounds_B)
         self.hit_eos = self.hit_eos | (torch.isin(tok, self.eos) & live)
         self.done = self.done | self.hit_eos | over_rounds(self.state.rounds_B, self.max_rounds).to(self.device)
         if self.pair is not None:

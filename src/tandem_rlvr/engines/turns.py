@@ -132,6 +132,13 @@ class Chain:
     def last_author(self) -> bool:
         return self.turns[-1][0] if self.turns else self.sched.author
 
+    @property
+    def rounds(self) -> int:
+        """Author turns as written: 1, plus 1 at every change of author between turns that wrote tokens (a turn
+        the schedule starts after the last one, at EOS, the budget or past ``max_rounds``, is never written)."""
+        authors = [a for a, ids in self.turns if ids]
+        return 1 + sum(a != b for a, b in zip(authors, authors[1:]))
+
     def add(self, text: str, owner: int) -> None:
         """Append ``text``, extending the last span when the owner is unchanged."""
         if not text:
@@ -351,5 +358,5 @@ def chains_to_rollout(senior: Side, chains: list[Chain], prompt_ids: list[list[i
     record = {"decisions_B": torch.tensor([len(c.turns) for c in chains], dtype=torch.long),
               "senior_decisions_B": torch.tensor([sum(a for a, _ in c.turns) for c in chains], dtype=torch.long)}
     return rollout_from_rows(p_ids.to(dev), p_mask.to(dev), rows_ids, rows_own, pad_token_id=tok.pad_token_id,
-                             rounds=[c.sched.rounds for c in chains], finished=[c.finished for c in chains],
+                             rounds=[c.rounds for c in chains], finished=[c.finished for c in chains],
                              max_rounds=max_rounds, schedule=schedule, record=record)

@@ -195,11 +195,12 @@ class DualVLLMEngine(EngineBase):
             ids.append(real)
             owner.append(int(senior))
             turn.append(sched.decision())
-            sched.feed(real)  # after the EOS too: the in-process engine counts a round its coin starts
+            rounds = sched.rounds  # the turn of the last token written (as the in-process engine counts)
+            sched.feed(real)
             if real in self.eos:
                 eos = True
                 break
-        return ids, owner, turn, sched.rounds, eos
+        return ids, owner, turn, rounds if ids else sched.rounds, eos
 
     def sync_senior(self, model) -> None:
         """Load the trained senior's weights into the senior stack, then drop the prefix cache; the junior stack
