@@ -358,7 +358,13 @@ def _load_registered(name: str, split_name: str, limit: int | None) -> list[Exam
         known = sorted({*_SOURCES, *builtin_sources()})
         raise DataError(f"data: {name}/{split_name}: no data source {name!r} is registered "
                         f"(registered: {', '.join(known) or 'none'})")
-    examples = list(load_split(split_name))
+    try:
+        examples = list(load_split(split_name))
+    except DataError:
+        raise
+    except ValueError as e:  # a world's loader: "unknown split 'tset'; choose from [...]"
+        why = e.args[0] if e.args else type(e).__name__
+        raise DataError(f"data: {name}/{split_name}: {why}") from e
     return examples if limit is None else examples[:limit]
 
 
@@ -401,6 +407,8 @@ def load_examples(
     fmt = prompt_format or PromptFormat()
     head, _, rest = source.partition("/")
     if head in _SOURCES or head in builtin_sources() or source in BENCHMARKS:
+        if "/" in source:
+            _refuse_shadowed(key, source, head)
         _refuse_columns(key, source, subset, prompt_key)
         examples = (_load_registered(head, rest if "/" in source else (split or ""), limit) if source not in BENCHMARKS
                     else _load_benchmark(BENCHMARKS[source], split, max_problem_chars, limit))
@@ -418,6 +426,14 @@ def load_examples(
         f"data: unknown benchmark {source!r}; valid: {', '.join(BENCHMARKS)}; or pass a Hugging Face dataset id "
         f"org/name, a dataset directory, a path to a {'/'.join(FILE_SUFFIXES)} file, or arith/<split>"
     )
+
+
+def _refuse_shadowed(key: str, source: str, head: str) -> None:
+    """``<source>/<split>`` that is also a local path: which one was meant is not ours to guess (loading the
+    built-in split silently ignored the local files), so neither is loaded."""
+    if Path(source).expanduser().exists():
+        raise DataError(f"{key}: {source!r} names both the built-in data source {head!r} and a local path; write "
+                        f"'./{source}' for the local one, or rename or move the local path to load the built-in split")
 
 
 def _refuse_columns(key: str, source: str, subset: str | None, prompt_key: str | None) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from tandem_rlvr.prompts import template_problem
 
-__all__ = ["data_checks", "is_reward_file", "prompt_checks", "reward_path", "select_k"]
+__all__ = ["data_checks", "is_reward_file", "kwargs_problem", "prompt_checks", "reward_path", "select_k"]
 
 
 def data_checks(cfg: Any) -> list[tuple[bool, str, str | None]]:
@@ -39,9 +39,26 @@ def prompt_checks(d: Any, key: Callable[[str], str]) -> list[tuple[bool, str, st
         (template_problem(d.prompt_template) is None, "prompt_template", template_problem(d.prompt_template)),
         (not (d.prompt_template and d.prompt_key), "prompt_template",
          f"does not apply to a prompt column ({key('prompt_key')}={d.prompt_key!r} holds the whole prompt); unset one"),
-        (isinstance(kw, dict) and all(isinstance(x, str) for x in kw), "chat_template_kwargs",
-         f"must be a mapping of argument names to values, e.g. {{enable_thinking: false}}, got {kw!r}"),
+        (not (why := kwargs_problem(kw)), "chat_template_kwargs", why),
     ]
+
+
+def kwargs_problem(kw: Any) -> str:
+    """Why ``chat_template_kwargs`` cannot go to ``apply_chat_template`` ('' when it can): a mapping of argument
+    names (identifiers) to values. YAML reads ``{enable_thinking:false}`` (no space after the colon) as the key
+    ``'enable_thinking:false'`` with no value, which the template would silently ignore."""
+    if not isinstance(kw, dict):
+        return f"must be a mapping of argument names to values, e.g. {{enable_thinking: false}}, got {kw!r}"
+    for name, value in kw.items():
+        if not (isinstance(name, str) and name.isidentifier()):
+            what = "is not an argument name"
+        elif value is None:
+            what = "has no value"
+        else:
+            continue
+        return (f"must map argument names to values, e.g. {{enable_thinking: false}}: {name!r} {what} (write "
+                f"`key: value`, with a space after the colon), got {kw!r}")
+    return ""
 
 
 def select_k(select: str) -> int | None:

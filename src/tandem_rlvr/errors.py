@@ -25,6 +25,11 @@ class PeerLost(TandemError):
     exit_code = EXIT_PEER_LOST
 
 
+class VerifierUnavailable(TandemError):
+    """No answer-checker worker could start (math-verify missing or broken, no processes allowed): every answer
+    would score 0, so the run stops; the message names the reward and the cause."""
+
+
 class Preempted(Exception):
     """A scheduler's signal stopped the run after a checkpoint was written (not an error: requeue it)."""
 

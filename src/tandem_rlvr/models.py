@@ -110,9 +110,11 @@ def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **hub)
     except Exception as e:
         raise ModelLoadError(f"could not read the {role} model config from {name!r}: {load_error_text(e, name)}") from None
+    _warn_pickled(path, role, name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=None, **hub, **attn
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=None,
+            output_loading_info=True, **hub, **attn
         )
     except ValueError as e:
         raise ModelLoadError(
@@ -121,7 +123,40 @@ def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool
         ) from None
     except Exception as e:
         raise ModelLoadError(f"could not load the {role} model from {name!r}: {load_error_text(e, name)}") from None
+    _check_loaded(info, role, name)
     return model
+
+
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+
+
+def _warn_pickled(path: str, role: str, name: str) -> None:
+    """A local model folder whose weights are pickled only (``pytorch_model.bin``, no ``*.safetensors``): loaded
+    (transformers unpickles them with ``torch.load(weights_only=True)``), with a warning that says so. No option
+    refuses them: a checkpoint of an older transformers is often pickled only."""
+    p = Path(path)
+    if not p.is_dir() or any(p.glob("*.safetensors")):
+        return
+    pickled = sorted(f.name for pattern in PICKLED_WEIGHTS for f in p.glob(pattern))
+    if pickled:
+        log.warning("%s model %r has pickled weights only (%s), no safetensors: they are loaded with "
+                    "torch.load(weights_only=True); prefer a safetensors copy (load it and save_pretrained it once)",
+                    role, name, ", ".join(pickled[:3]) + (", ..." if len(pickled) > 3 else ""))
+
+
+def _check_loaded(info: dict, role: str, name: str) -> None:
+    """transformers initialises at random the weights a checkpoint lacks and drops the ones the model has no
+    place for, with a printed report only: a model built partly at random would generate and train without an
+    error, so either is one. Tied weights (``lm_head`` with ``tie_word_embeddings``) are not missing."""
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        keys = sorted(str(k) for k in info.get(kind) or ())
+        if keys:
+            shown = ", ".join(keys[:4]) + (f", ... ({len(keys)} in all)" if len(keys) > 4 else "")
+            what = {"missing_keys": "lacks weights the model needs (they would be random)",
+                    "unexpected_keys": "holds weights the model has no place for (they would be dropped)",
+                    "mismatched_keys": "holds weights of the wrong shape (they would be random)"}[kind]
+            raise ModelLoadError(f"{role} model {name!r}: the checkpoint {what}: {shown}; is it complete, "
+                                 "and of this config's architecture?")
 
 
 def freeze(model):

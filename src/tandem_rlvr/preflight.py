@@ -59,14 +59,30 @@ def check_eval(opts, juniors: dict[str, str], benches: dict | None = None) -> di
     roles = {path: f"junior {name!r}" if len(juniors) > 1 else "junior" for name, path in juniors.items()}
     roles.update({path: f"senior {name!r}" for name, path in opts.seniors.items()})
     toks = {path: check_model(path, role, trc) for path, role in roles.items()}  # every model exists, first
-    return {path: eval_context(opts, roles[path], path, tok, benches) for path, tok in toks.items()
-            if tok is not None and benches}
+    seniors = set(opts.seniors.values())  # their tokenizers encode the prompts every pair samples
+    return {path: eval_context(opts, roles[path], path, tok, benches, senior=path in seniors)
+            for path, tok in toks.items() if tok is not None and benches}
 
 
-def eval_context(opts, role: str, path: str, tok, benches: dict) -> int:
+def _check_prompts_fit(opts, role: str, tok, benches: dict, fitted: dict) -> None:
+    """Every benchmark keeps at least one prompt within ``--context`` (``fitted``: benchmark -> the prompt ids that
+    fit): else its evaluation would hold no chain, so stop before any weights load, with the shortest prompt."""
+    from tandem_rlvr.data import encode_prompts
+    from tandem_rlvr.errors import ConfigError
+
+    for bname, (_, examples) in benches.items():
+        if examples and not fitted[bname]:
+            shortest = min(len(ids) for ids in encode_prompts(tok, examples)[1])
+            raise ConfigError(f"eval --context {opts.context}: no prompt of benchmark {bname!r} fits on the {role}'s "
+                              f"tokenizer (its shortest prompt is {shortest} tokens, and a chain needs one more): "
+                              f"set --context > {shortest}")
+
+
+def eval_context(opts, role: str, path: str, tok, benches: dict, *, senior: bool = False) -> int:
     """The context check of one evaluated model: it must read ``min(--context, longest prompt +
     --max-new-tokens)`` positions, the farthest the evaluation's chains reach (prompts on its own
-    tokenizer, within ``--context``); else a one-line error with the values that fit. Returns that reach."""
+    tokenizer, within ``--context``); else a one-line error with the values that fit. Returns that reach.
+    A ``senior`` must also keep a prompt of every benchmark within ``--context``."""
     from transformers import AutoConfig
 
     from tandem_rlvr.context import model_context
@@ -75,8 +91,11 @@ def eval_context(opts, role: str, path: str, tok, benches: dict) -> int:
     local = Path(path).expanduser()
     config = AutoConfig.from_pretrained(str(local) if local.exists() else path, trust_remote_code=opts.trust_remote_code)
     ctx = model_context(role, path, config, tok, opts.max_context)
-    lens = [len(ids) for _, ex in benches.values()
-            for ids in encode_prompts(tok, ex, max_prompt_tokens=opts.context - 1, what=f"eval ({role})")[1]]
+    fitted = {b: encode_prompts(tok, ex, max_prompt_tokens=opts.context - 1, what=f"eval ({role})")[1]
+              for b, (_, ex) in benches.items()}
+    if senior:
+        _check_prompts_fit(opts, role, tok, benches, fitted)
+    lens = [len(ids) for prompts in fitted.values() for ids in prompts]
     longest = max(lens, default=0)
     reach = min(opts.context, longest + opts.max_new_tokens)
     if ctx.limit is None or reach <= ctx.limit:

@@ -398,12 +398,14 @@ def test_boxed_exact_needs_no_worker():
     sc.close()
 
 
-def test_workers_that_cannot_start_score_errors_and_the_batch_returns(monkeypatch):
-    """No verifier process can start: each worker is tried twice per batch (start, then one retry round),
-    the batch returns at once with every check scored 0 and counted as an error; failed starts are not
-    counted as restarts of a working worker."""
+def test_workers_that_cannot_start_raise_naming_the_reward_and_the_cause(monkeypatch):
+    """No verifier process can start: each worker is tried twice per batch (start, then one retry round), then
+    the batch stops at once with VerifierUnavailable naming the reward and the cause. (This test pinned the old
+    behaviour, every check scored 0 and counted as an error: an evaluation then reported 0 accuracy and exited 0,
+    a silent wrong result. One check that fails on a working pool is still a counted error, tested below.)"""
     import time
 
+    from tandem_rlvr.errors import VerifierUnavailable
     from tandem_rlvr.rewards import RewardScorer, workers
 
     attempts = []
@@ -415,9 +417,9 @@ def test_workers_that_cannot_start_score_errors_and_the_batch_returns(monkeypatc
     monkeypatch.setattr(workers.Worker, "start", no_process)
     with RewardScorer("math", num_workers=2, time_limit=1.0) as sc:
         t0 = time.monotonic()
-        rewards, stats = sc.score([r"\boxed{2.0}", r"\boxed{3.0}", r"\boxed{x}"], ["2", "3", "4"])
+        with pytest.raises(VerifierUnavailable, match=r"reward 'math': .* \(OSError: no processes allowed\); 3 answer"):
+            sc.score([r"\boxed{2.0}", r"\boxed{3.0}", r"\boxed{x}"], ["2", "3", "4"])
         took = time.monotonic() - t0
-    assert rewards == [0.0, 0.0, 0.0] and stats["reward/errors"] == 3.0 and stats["reward/worker_restarts"] == 0.0
     assert len(attempts) == 4 and took < 5.0
 
 
@@ -474,13 +476,15 @@ def test_the_soft_limit_is_a_fraction_of_the_limit_and_the_hard_kill_keeps_short
 
 
 @pytest.mark.parametrize("how", ["slow_start", "dies_at_start"])
-def test_workers_that_never_get_ready_score_errors_uncounted(monkeypatch, how):
+def test_workers_that_never_get_ready_make_the_checker_unavailable(monkeypatch, how):
     """A worker that does not report ready within ``start_timeout``, or whose process exits before it is ready:
-    the batch returns in bounded time with its checks as errors; no start counts as a worker restart."""
+    the batch stops in bounded time with VerifierUnavailable naming the cause. (This test pinned the old
+    behaviour, the checks scored 0 as errors; see the test above.)"""
     import subprocess
     import sys
     import time
 
+    from tandem_rlvr.errors import VerifierUnavailable
     from tandem_rlvr.rewards import RewardScorer, workers
 
     kw = {}
@@ -489,11 +493,12 @@ def test_workers_that_never_get_ready_score_errors_uncounted(monkeypatch, how):
     else:
         monkeypatch.setattr(workers.Worker, "_launch", lambda self, child: subprocess.Popen(
             [sys.executable, "-c", "pass"], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL))
+    cause = "ready within start_timeout 0.05 s" if how == "slow_start" else "exited before it was ready"
     with RewardScorer("math", num_workers=2, time_limit=1.0, **kw) as sc:
         t0 = time.monotonic()
-        rewards, stats = sc.score([r"\boxed{2.0}", r"\boxed{3.0}"], ["2", "3"])
+        with pytest.raises(VerifierUnavailable, match=cause):
+            sc.score([r"\boxed{2.0}", r"\boxed{3.0}"], ["2", "3"])
         took = time.monotonic() - t0
-    assert rewards == [0.0, 0.0] and stats["reward/errors"] == 2.0 and stats["reward/worker_restarts"] == 0.0
     assert took < 10.0
 
 

@@ -72,6 +72,46 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "x"
 
 
+def pair_label(senior: str, junior: str, many_juniors: bool) -> str:
+    """The label of an evaluated pair: ``SENIOR+JUNIOR`` with several juniors, else the senior's name. It names the
+    pair's files: ``chains/<label>/`` and ``parts/<label>__<benchmark>.json`` (:func:`slug` of each)."""
+    return f"{senior}+{junior}" if many_juniors else senior
+
+
+def benchmark_names(opts: EvalOptions) -> list[tuple[str, str]]:
+    """``(name, source)`` of each ``--benchmark``: a file's stem, else the source as given; ``_2``, ``_3``, ...
+    after a name taken."""
+    out: list[tuple[str, str]] = []
+    for src in opts.benchmarks:
+        name = Path(src).stem if Path(src).expanduser().is_file() else src
+        key, i = name, 2
+        while key in {k for k, _ in out}:
+            key, i = f"{name}_{i}", i + 1
+        out.append((key, src))
+    return out
+
+
+def check_file_names(opts: EvalOptions) -> None:
+    """Two pairs or two benchmarks whose names make the same file name would write each other's chains and parts
+    (``a b`` and ``a_b``; ``x+y`` with junior ``z`` and ``x`` with junior ``y+z``): refused, naming both, before
+    anything is read."""
+    from tandem_rlvr.errors import ConfigError
+
+    many = len(opts.juniors) > 1
+    labels = [pair_label(s, j, many) for j in opts.juniors for s in opts.seniors]
+    benches = [k for k, _ in benchmark_names(opts)]
+    files = [(f"parts/{slug(a)}__{slug(b)}.json", f"{a!r} on {b!r}") for a in labels for b in benches]
+    for what, names in (("seniors" if not many else "pairs", [(f"chains/{slug(x)}/", repr(x)) for x in labels]),
+                        ("benchmarks", [(f"chains/*/{slug(x)}.jsonl", repr(x)) for x in benches]),
+                        ("evaluations", files)):
+        seen: dict[str, str] = {}
+        for file, name in names:
+            if file in seen:
+                raise ConfigError(f"eval: {what} {seen[file]} and {name} would write the same files ({file}: a "
+                                  "file name keeps letters, digits, '.', '_' and '-' only); give one another name")
+            seen[file] = name
+
+
 def _stamp(path: str) -> list:
     p = Path(path).expanduser()
     if p.is_dir():
@@ -116,17 +156,27 @@ def _load_benchmarks(opts: EvalOptions) -> dict[str, tuple[str, list]]:
 
     fmt = PromptFormat.of(opts.prompt_template, opts.system_prompt, opts.chat_template_kwargs)  # as training's
     out: dict[str, tuple[str, list]] = {}
-    for src in opts.benchmarks:
-        name = Path(src).stem if Path(src).expanduser().is_file() else src
-        key, i = name, 2
-        while key in out:
-            key, i = f"{name}_{i}", i + 1
+    for key, src in benchmark_names(opts):
         ex = load_examples(src, opts.split, problem_key=opts.problem_key, answer_key=opts.answer_key,
                            id_key=opts.id_key, limit=opts.limit, subset=opts.subset, prompt_key=opts.prompt_key,
                            prompt_format=fmt, key="eval --benchmark")
+        _check_unique_ids(src, ex, opts.id_key)
         out[key] = (src, list(ex))
         log.info("benchmark %s: %d problems from %s", key, len(out[key][1]), src)
     return out
+
+
+def _check_unique_ids(src: str, examples, id_key: str | None) -> None:
+    """Every problem of a benchmark has its own id: the chains, the legibility scores and the chain browser find
+    a problem by its id, so a shared one would mix two problems' chains."""
+    from collections import Counter
+
+    from tandem_rlvr.errors import DataError
+
+    dup = [i for i, n in Counter(str(e.id) for e in examples).items() if n > 1]
+    if dup:
+        raise DataError(f"eval --benchmark {src!r}: {len(dup)} problem id(s) appear more than once ({dup[0]!r} first; "
+                        f"id column {id_key!r}, --id-key); every problem needs its own id")
 
 
 def _engine_spec(opts: EvalOptions, path: str, junior_path: str, dtype: str, max_model_len: int | None = None):
@@ -249,6 +299,7 @@ def run_eval(opts: EvalOptions) -> dict:
     from tandem_rlvr.evaluation.matrix import write_matrix_report
     from tandem_rlvr import preflight
 
+    check_file_names(opts)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = _device_dtype(opts)
@@ -267,7 +318,7 @@ def run_eval(opts: EvalOptions) -> dict:
             junior_tok = load_tokenizer(jpath, trust_remote_code=trc, role=role)
             junior = freeze(load_causal_lm(jpath, dtype=dtype, trust_remote_code=trc, role=role)).to(device)
             for name, path in opts.seniors.items():
-                label = f"{name}+{jname}" if len(juniors) > 1 else name
+                label = pair_label(name, jname, len(juniors) > 1)
                 results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, jname, jpath,
                                               label, reach, settings)
                 pairs[label] = (name, jname)
@@ -287,15 +338,17 @@ def run_eval(opts: EvalOptions) -> dict:
     write_eval_csv(out / "eval.csv", obj)
     write_eval_report(out, results, settings)
     write_matrix_report(out, matrix)
-    _write_eval_html(out, benches)
+    _write_eval_html(out, benches, list(results))
     return obj
 
 
-def _write_eval_html(out: Path, benches: dict) -> None:
-    """``eval.html`` beside ``eval.md``: the tables, plots and a browser over the saved chains."""
+def _write_eval_html(out: Path, benches: dict, labels: list[str]) -> None:
+    """``eval.html`` beside ``eval.md``: the tables, plots and a browser over this run's chains (its pairs'
+    ``labels`` on its benchmarks; other chains under ``--out``, from earlier runs, are not this report's)."""
     from tandem_rlvr.evaluation.html import eval_html
 
-    eval_html(out, {b: {str(e.id): e.problem for e in ex} for b, (_, ex) in benches.items()})
+    chains = [Path("chains") / slug(label) / f"{slug(b)}.jsonl" for label in labels for b in benches]
+    eval_html(out, {b: {str(e.id): e.problem for e in ex} for b, (_, ex) in benches.items()}, chains=chains)
 
 
 def _matrix(results: dict, pairs: dict) -> dict:

@@ -366,7 +366,14 @@ def make_job(senior, junior, tokenizer, examples: Sequence, settings: EvalSettin
     c, mp = settings.context, settings.max_prompt_tokens
     problems = Problems.encode(tokenizer, examples, mp if c is None else min(c - 1, mp or c))
     if not problems.prompts:
-        raise ValueError(f"no evaluation prompt left for {labels or 'this run'} (0 of {len(examples)} fit)")
+        from tandem_rlvr.errors import DataError
+
+        what = ", ".join(f"{k} {v!r}" for k, v in (labels or {}).items()) or "this run"
+        limits = [f"context {c} (the prompt and one token)" if c is not None else "",
+                  f"max_prompt_tokens {mp}" if mp is not None else ""]
+        why = "no problems were given" if not examples else (
+            f"none of its {len(examples)} prompts fits {' and '.join(x for x in limits if x)}")
+        raise DataError(f"eval: nothing to evaluate for {what}: {why}")
     if engine is None:
         engine = InProcessEngine(senior, junior, eos_token_ids=eos_ids(tokenizer, senior),
                                  pad_token_id=tokenizer.pad_token_id)

@@ -141,12 +141,14 @@ def page(title: str, body_html: str, runs: list[dict]) -> str:
             f"<script>{JS}</script></body></html>\n")
 
 
-def eval_html(out_dir: str | Path, problems: dict | None = None) -> Path:
-    """``eval.html`` beside ``eval.md``: its tables and plots, and the chains under ``chains/<senior>/
-    <benchmark>.jsonl``; ``problems``: ``{benchmark: {problem_id: problem text}}`` (optional)."""
+def eval_html(out_dir: str | Path, problems: dict | None = None, chains: list | None = None) -> Path:
+    """``eval.html`` beside ``eval.md``: its tables and plots, and the chains of ``chains`` (paths under ``out_dir``,
+    ``chains/<senior>/<benchmark>.jsonl``: the run's own; None: every such file there, whichever run wrote it);
+    ``problems``: ``{benchmark: {problem_id: problem text}}`` (optional)."""
     out = Path(out_dir)
     runs = []
-    for path in sorted((out / "chains").glob("*/*.jsonl")):
+    paths = sorted((out / "chains").glob("*/*.jsonl")) if chains is None else [out / c for c in chains]
+    for path in paths:
         records = read_chains(path)
         senior = str(records[0].get("senior", path.parent.name)) if records else path.parent.name
         bench = str(records[0].get("benchmark", path.stem)) if records else path.stem

@@ -107,12 +107,13 @@ class BpbSink:
     def __init__(self, junior, tokenizer, examples: Sequence, sink: Callable | None, *, batch: int = SCORE_BATCH,
                  chunk_tokens: int = CHUNK_TOKENS):
         from tandem_rlvr.data import render_prompt
+        from tandem_rlvr.errors import DataError
 
         self.junior, self.tok, self.sink, self.batch, self.chunk = junior, tokenizer, sink, batch, chunk_tokens
         self.problems: dict[str, str] = {}
         for ex in examples:
             if self.problems.setdefault(str(ex.id), ex.problem) != ex.problem:
-                raise ValueError(f"two problems share the id {ex.id!r}; ids must be unique to score legibility")
+                raise DataError(f"two problems share the id {ex.id!r}; ids must be unique to score legibility")
         self.render = render_prompt
         self.pending: list[dict] = []
         self.scores: list[dict] = []

@@ -26,6 +26,7 @@ from tandem_rlvr.config_values import NamedPaths, coerce
 from tandem_rlvr.data_keys import prompt_checks
 from tandem_rlvr.engines.serving import ENGINES
 from tandem_rlvr.errors import ConfigError
+from tandem_rlvr.names import REWARD_KINDS
 
 __all__ = ["FLAGS", "EvalOptions", "check_options", "describe", "eval_default", "field_doc", "load_options", "option_name"]
 
@@ -41,10 +42,10 @@ class EvalOptions:
     out: str = _f("eval_out", "Output directory: eval.json, eval.md, plots, chains/, parts/.")
     n: int = _f(8, "Samples per problem.", ge=1)
     max_new_tokens: int = reuse(RolloutConfig, "max_new_tokens")
-    limit: int | None = _f(None, "First N problems of each benchmark (None = all).", ge=0)
+    limit: int | None = _f(None, "First N problems of each benchmark (None = all; 0 would evaluate nothing).", ge=1)
     seed: int = _f(0, "Sampling seed.", ge=0, le=MAX_SEED)
     batch_size: int = _f(64, "Chains per generation call.", ge=1)
-    reward: str = _f("math", "Reward function: math, gsm8k or boxed_exact.")
+    reward: str = _f("math", "Reward function: math, gsm8k or boxed_exact.", choices=REWARD_KINDS)
     curve: bool = _f(True, "Run the word-handoff curve at curve_ps (--no-curve, or curve: false in the file, skips it: one run less per value).")
     curve_ps: list[float] = _f([1.0, 0.75, 0.5, 0.25], "P(senior) values of the word-handoff curve (comma-separated on the command line).", ge=0, le=1)
     temperature: float = reuse(RolloutConfig, "temperature", 0.7, ge=0, note="0 = greedy")
@@ -64,7 +65,7 @@ class EvalOptions:
     chat_template_kwargs: dict = reuse(DataConfig, "chat_template_kwargs")
     trust_remote_code: bool = reuse(ModelConfig, "trust_remote_code")
     dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16 or float16.", choices=("auto", *DTYPES))
-    device: str = _f("auto", "auto, cpu, cuda, cuda:1, ...")
+    device: str = _f("auto", "auto, cpu, cuda, cuda:1, ... (a CUDA device needs one that torch sees).")
     reward_timeout_s: float = reuse(DataConfig, "reward_timeout_s")
     reward_workers: int = reuse(DataConfig, "reward_workers")
     chunk_tokens: int = _f(1024, "Tokens per vocabulary-sized scoring chunk.", ge=1)
@@ -126,6 +127,27 @@ def check_options(opts: EvalOptions) -> None:
     for ok, name, why in prompt_checks(opts, flag):
         if not ok:
             raise ConfigError(f"{option_name(name)} {why}")
+    _check_device(opts.device)
+
+
+def _check_device(device: str) -> None:
+    """``device`` names a device torch knows and, for CUDA, one it sees: a typo or a GPU flag on a machine
+    without one stops here, not after the benchmarks and models have loaded (torch is imported only here)."""
+    if device == "auto":
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{option_name('device')} must be auto, cpu, cuda or cuda:N (a torch device), "
+                          f"got {device!r}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            seen = f"{count} CUDA device(s)" if count else "no CUDA device"
+            raise ConfigError(f"{option_name('device')} is {device!r}, but torch {torch.__version__} sees {seen}; "
+                              "use --device cpu (or auto)")
 
 
 def load_options(path: str | None = None, flags: dict | None = None) -> EvalOptions:

@@ -3,7 +3,8 @@
 A reward takes the last ``\\boxed{...}`` (also ``\\fbox{...}``, ``\\boxed x``) of a completion and
 checks it against the gold answer: ``math`` with math-verify (``verify(gold, pred)``, gold first),
 ``gsm8k`` likewise with the gold after ``####``, ``boxed_exact`` by string equality without
-whitespace. Scores are 1.0 or 0.0; checks never raise and never hang.
+whitespace. Scores are 1.0 or 0.0; checks never raise and never hang (a checker whose workers cannot start
+at all raises :class:`~tandem_rlvr.errors.VerifierUnavailable` instead of scoring everything 0).
 
 * :mod:`tandem_rlvr.rewards.extract` — answer extraction and the parent-side pre-check (no box, too
   long, bad gold, ``boxed_exact``), decided without a worker.

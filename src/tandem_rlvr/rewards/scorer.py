@@ -5,9 +5,11 @@ code, and its ``signal.alarm`` timeouts fail off the main thread. So each check 
 process with math-verify's own timeouts off (``parsing_timeout=None``, ``timeout_seconds=None``); the
 worker stops itself after 85 % of the budget (``setitimer``) and the parent kills and replaces it at
 the limit (default 2 s, counted from dispatch). A timed-out check scores 0 and is counted; checks
-never raise and never hang. Workers are never forked without exec (the trainer holds torch threads):
-by default each is a fresh interpreter (``subprocess``, fork+exec like ``spawn``) that imports only
-``tandem_rlvr.rewards.workers`` and math-verify once, over a ``multiprocessing.connection`` socket. That also works
+never raise and never hang. A pool whose workers cannot start at all (math-verify missing or broken, no
+processes allowed) is no checker: :class:`~tandem_rlvr.errors.VerifierUnavailable`, not a batch of zeros.
+Workers are never forked without exec (the trainer holds torch threads): by default each is a fresh
+interpreter (``subprocess``, fork+exec like ``spawn``) that imports only ``tandem_rlvr.rewards.workers`` and
+math-verify once, over a ``multiprocessing.connection`` socket. That also works
 inside daemonic processes (DataLoader / Pool workers, where ``multiprocessing`` may not start
 children) and, unlike the ``spawn`` / ``forkserver`` contexts (available via ``start_method``), does
 not re-run the caller's ``__main__`` in every worker. The parent-side pre-check (no box, too long,
@@ -21,6 +23,7 @@ import logging
 import math
 import multiprocessing
 import os
+import sys
 import threading
 import time
 import weakref
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 from multiprocessing import connection as mp_connection
 from typing import Any
 
+from tandem_rlvr.errors import VerifierUnavailable
 from tandem_rlvr.names import REWARD_KINDS
 from tandem_rlvr.rewards.extract import prepare_check
 from tandem_rlvr.rewards.workers import HAS_PROC, Worker, rss_bytes, shutdown_workers
@@ -75,6 +79,7 @@ class RewardScorer:
         self._workers = [Worker(self.method, memory_limit_mb) for _ in range(max(1, int(n)))]
         self._lock = threading.Lock()
         self._closed, self._start_failures, self._restarts = False, 0, 0
+        self._start_error = ""  # why the last worker start failed (named when none can start)
         self.owner_pid = os.getpid()
         self.totals: Counter = Counter()
         self._finalizer = weakref.finalize(self, shutdown_workers, self._workers, self.owner_pid)
@@ -124,7 +129,8 @@ class RewardScorer:
         ``reward/truncated``, ``reward/worker_restarts`` (and ``reward/bad_gold`` for an empty gold);
         :attr:`totals` accumulates the counts. Identical (gold, answer) pairs are checked once.
         Never raises for a bad completion or a hanging check (those score 0 and are counted); raises
-        ``ValueError`` for mismatched lengths or an unknown reward, ``RuntimeError`` once closed.
+        ``ValueError`` for mismatched lengths or an unknown reward, ``RuntimeError`` once closed, and
+        :class:`~tandem_rlvr.errors.VerifierUnavailable` when no worker can start (every check would score 0).
         """
         if len(completions) != len(golds):
             raise ValueError(f"score: {len(completions)} completions but {len(golds)} golds")
@@ -161,7 +167,7 @@ class RewardScorer:
             else:
                 pairs.setdefault((gold_s, pred), []).append(i)
         jobs = list(pairs)
-        for (status, value), key in zip(self._run_jobs(jobs, limit) if jobs else [], jobs):
+        for (status, value), key in zip(self._run_jobs(jobs, limit, kind) if jobs else [], jobs):
             for i in pairs[key]:
                 rewards[i] = value
                 counts[{"timeout": "timeouts", "error": "errors"}.get(status, "")] += status != "ok"
@@ -186,9 +192,11 @@ class RewardScorer:
             logger.warning("rewards: could not start a verifier worker: %s", e)
             w.kill()
             self._start_failures += 1
+            self._start_error = f"{type(e).__name__}: {e}"
 
-    def _run_jobs(self, jobs: list[tuple[str, str]], limit: float) -> list[tuple[str, float]]:
-        """Verify (gold, pred) pairs on the pool; (status, score) per pair; never raises, never hangs."""
+    def _run_jobs(self, jobs: list[tuple[str, str]], limit: float, kind: str) -> list[tuple[str, float]]:
+        """Verify (gold, pred) pairs on the pool; (status, score) per pair; never hangs, and raises only when no
+        worker can start (:meth:`_unavailable`)."""
         results: list[tuple[str, float] | None] = [None] * len(jobs)
         self._start_failures = 0  # every batch tries again to get workers
         for w in self._workers:
@@ -197,9 +205,11 @@ class RewardScorer:
         pending = deque(range(len(jobs)))
         soft = max(0.05, self.soft_limit_fraction * limit)
         while pending or any(w.job is not None for w in self._workers):
-            if self._start_failures > 2 * len(self._workers) or self._closed:
-                logger.error("rewards: verifier workers unavailable; %d checks scored 0", len(pending))
+            if self._closed:  # close() from another thread (the watchdog): the process is ending
+                logger.error("rewards: verifier closed; %d checks scored 0", len(pending))
                 break
+            if self._start_failures > 2 * len(self._workers):
+                self._unavailable(kind, len(pending) + sum(w.job is not None for w in self._workers))
             now = time.monotonic()
             for w in self._workers:
                 if pending and w.ready and w.job is None:
@@ -212,6 +222,15 @@ class RewardScorer:
             self._collect(results)
             self._expire(results)
         return [r if r is not None else ("error", 0.0) for r in results]
+
+    def _unavailable(self, kind: str, unchecked: int) -> None:
+        """Every worker failed to start, twice over: stop the workers and raise naming the reward and the cause."""
+        for w in self._workers:
+            w.kill()
+        raise VerifierUnavailable(
+            f"reward {kind!r}: the answer checker is unavailable, no verifier worker could start "
+            f"({self._start_error or 'cause unknown'}); {unchecked} answer(s) not checked. Does "
+            f"`{sys.executable} -c 'import math_verify'` work?")
 
     def _collect(self, results: list) -> None:
         """Wait until a worker answers, a deadline passes or a start times out; record answers."""
@@ -238,7 +257,9 @@ class RewardScorer:
             except (EOFError, OSError):  # the worker died (out of memory, or it could not start)
                 if w.job is not None:
                     results[w.job] = ("error", 0.0)
-                self._start_failures += int(not w.ready)
+                if not w.ready:
+                    self._start_failures += 1
+                    self._start_error = "a worker exited before it was ready; its error is printed above"
                 self._restart(w, counted=w.ready)
                 continue
             if msg[0] == "ready":
@@ -269,6 +290,7 @@ class RewardScorer:
             elif w.conn is not None and not w.ready and now >= w.started_at + self.start_timeout:
                 logger.warning("rewards: a verifier worker did not start within %.0f s", self.start_timeout)
                 self._start_failures += 1
+                self._start_error = f"no worker was ready within start_timeout {self.start_timeout:g} s"
                 self._restart(w, counted=False)
 
 

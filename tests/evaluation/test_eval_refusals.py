@@ -1,0 +1,125 @@
+"""``tandem-rlvr eval`` refuses what would give a wrong or empty result: one line naming the flag or file, exit
+code 2, before any model's weights load (docs/evaluation.md); and its report shows only its own chains.
+
+The refusals run with ``load_causal_lm`` replaced by a stand-in that fails the test if called.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from helpers.cli_runs import cli_lines
+
+
+def _bench(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def bench(tmp_path):
+    return _bench(tmp_path / "bench.jsonl", [{"id": f"p{i}", "problem": f"What is {i} plus 4?", "answer": str(i + 4)}
+                                             for i in range(3)])
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Loading any model's weights fails the test: the refusal must come first."""
+    import tandem_rlvr.models as models
+
+    def refuse(name, **_):
+        raise AssertionError(f"weights of {name!r} were loaded before the refusal")
+
+    monkeypatch.setattr(models, "load_causal_lm", refuse)
+
+
+def _argv(model_dirs, bench, out, *extra):
+    s_dir, j_dir = model_dirs
+    return ["eval", "--senior", f"s={s_dir}", "--junior", str(j_dir), "--benchmark", bench, "--out", str(out),
+            "--n", "1", "--max-new-tokens", "4", "--no-curve", "--no-progress", "--reward", "boxed_exact", *extra]
+
+
+def _refused(capsys, argv, *words):
+    rc, err = cli_lines(capsys, argv)
+    assert rc == 2, err
+    assert len(err) == 1 and err[0].startswith("tandem-rlvr eval: error: "), err
+    for w in words:
+        assert w in err[0], (w, err[0])
+    return err[0]
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--reward", "mth"], ["--reward", "math, gsm8k, boxed_exact", "'mth'"]),
+    (["--device", "gpu"], ["--device", "'gpu'"]),
+    (["--limit", "0"], ["--limit", ">= 1"]),
+    (["--context", "3"], ["--context 3", "'bench'", "senior 's'"]),
+])
+def test_a_bad_option_is_one_line_before_any_model_loads(model_dirs, bench, tmp_path, capsys, no_weights, extra,
+                                                         words):
+    _refused(capsys, _argv(model_dirs, bench, tmp_path / "out", *extra), *words)
+
+
+def test_a_cuda_device_without_cuda_is_refused(model_dirs, bench, tmp_path, capsys, no_weights, monkeypatch):
+    """On any machine: torch is made to see no GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    for device in ("cuda", "cuda:1"):
+        _refused(capsys, _argv(model_dirs, bench, tmp_path / "out", "--device", device), "--device", "no CUDA device")
+
+
+def test_duplicate_problem_ids_name_the_benchmark_file(model_dirs, tmp_path, capsys, no_weights):
+    dup = _bench(tmp_path / "dup.jsonl", [{"id": "a", "problem": "What is 0 plus 1?", "answer": "1"},
+                                          {"id": "a", "problem": "What is 1 plus 1?", "answer": "2"},
+                                          {"id": "b", "problem": "What is 2 plus 1?", "answer": "3"}])
+    _refused(capsys, _argv(model_dirs, dup, tmp_path / "out"), dup, "'a'", "--id-key")
+
+
+def test_a_typo_in_a_built_in_split_lists_the_splits(model_dirs, tmp_path, capsys, no_weights):
+    _refused(capsys, _argv(model_dirs, "arith/tset", tmp_path / "out"), "arith/tset", "'test'", "'train'")
+
+
+def test_seniors_or_benchmarks_that_make_one_file_name_are_refused(model_dirs, tmp_path, capsys, no_weights):
+    """'a b' and 'a_b' would write one chains/a_b/ (seniors) or one a_b.jsonl (benchmarks): nothing is written."""
+    s_dir, j_dir = model_dirs
+    rows = [{"id": "p", "problem": "What is 1 plus 1?", "answer": "2"}]
+    (tmp_path / "d").mkdir()
+    b1, b2 = _bench(tmp_path / "a b.jsonl", rows), _bench(tmp_path / "d" / "a_b.jsonl", rows)
+    out = tmp_path / "out"
+    seniors = ["--senior", f"a b={s_dir}", "--senior", f"a_b={s_dir}"]
+    _refused(capsys, ["eval", *seniors, "--junior", str(j_dir), "--benchmark", b1, "--out", str(out)],
+             "seniors 'a b' and 'a_b'", "chains/a_b/")
+    _refused(capsys, ["eval", "--senior", str(s_dir), "--junior", str(j_dir), "--benchmark", b1, "--benchmark", b2,
+                      "--out", str(out)], "benchmarks 'a b' and 'a_b'")
+    assert not out.exists()  # refused before anything was written
+
+
+def test_pairs_that_make_one_file_name_are_refused(model_dirs, bench, tmp_path, capsys, no_weights):
+    """With two juniors a pair's label is SENIOR+JUNIOR: 'x+y' with junior 'z' and 'x' with junior 'y+z' clash."""
+    s_dir, j_dir = model_dirs
+    argv = ["eval", "--senior", f"x+y={s_dir}", "--senior", f"x={s_dir}", "--junior", f"z={j_dir}",
+            "--junior", f"y+z={j_dir}", "--benchmark", bench, "--out", str(tmp_path / "out"), "--no-progress"]
+    _refused(capsys, argv, "'x+y+z'", "pairs")
+
+
+def _browser_runs(out):
+    page = (out / "eval.html").read_text(encoding="utf-8")
+    data = json.loads(page.split("<script type='application/json' id='chain-data'>")[1].split("</script>")[0])
+    return sorted(r["id"] for r in data["runs"])
+
+
+def test_the_report_shows_only_this_runs_chains(model_dirs, bench, tmp_path, capsys):
+    """An earlier run's chains under the same --out stay on disk (not ours to delete) but are not this report's."""
+    from tandem_rlvr.cli import main
+
+    s_dir, j_dir = model_dirs
+    out = tmp_path / "out"
+    base = ["--junior", str(j_dir), "--benchmark", bench, "--out", str(out), "--n", "1", "--max-new-tokens", "4",
+            "--no-curve", "--no-progress", "--reward", "boxed_exact"]
+    assert main(["eval", "--senior", f"first={s_dir}", *base]) == 0
+    assert _browser_runs(out) == ["first/bench"]
+    assert main(["eval", "--senior", f"second={s_dir}", *base]) == 0
+    assert _browser_runs(out) == ["second/bench"]
+    assert (out / "chains" / "first" / "bench.jsonl").is_file()
