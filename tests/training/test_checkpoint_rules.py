@@ -190,3 +190,36 @@ def test_each_process_resumes_with_its_own_random_state(tmp_path, tokenizer, cap
     torch.manual_seed(99)
     _load(one, tokenizer)
     assert torch.equal(torch.rand(3), drawn(22)[0])
+
+
+@pytest.mark.parametrize("new_complete", [True, False])
+def test_a_replacement_cut_between_its_two_renames_is_finished_on_resume(tmp_path, tokenizer, new_complete):
+    """Saving step-2 (or best/) again moves the old copy to ``.step-2.old``, then the new one from ``.tmp-step-2``
+    into place. A kill between the two left neither named ``step-2``, and a prune would have deleted the new copy:
+    the resume puts the new copy in place when it is complete, else the old one back."""
+    import shutil
+
+    from tandem_rlvr.config import load_config, save_config
+    from tandem_rlvr.training import rundir
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    pairs = []
+    for seed, where in ((0, run), (1, other)):  # the old copies in run/, the new (other weights) in other/
+        model, _opt, _sched = _parts(tokenizer, seed)
+        pairs.append((_save(where, 2, tokenizer, seed),
+                      ck.save_model(model, tokenizer, where / "best", extra_json={"best.json": {"step": 2}})))
+    for final, new in zip(*pairs):  # the state a kill between publish_dir's two renames leaves
+        tmp = final.with_name(f".tmp-{final.name}")
+        shutil.copytree(new, tmp)
+        if not new_complete:
+            (tmp / ck.MARKER).unlink()
+        final.rename(final.with_name(f".{final.name}.old"))
+    weights = {f: (n / "model.safetensors").read_bytes() for f, n in zip(*pairs)}
+    old_weights = {f: (f.with_name(f".{f.name}.old") / "model.safetensors").read_bytes() for f in pairs[0]}
+    cfg = load_config(None, ["model.senior=s", "model.junior=j", f"train.out_dir={run}"])
+    save_config(cfg, run / "config.yaml")
+    assert rundir.prepare(run, cfg, restart=False) == pairs[0][0]
+    for final in pairs[0]:
+        want = weights[final] if new_complete else old_weights[final]
+        assert (final / "model.safetensors").read_bytes() == want and (final / ck.MARKER).exists()
+        assert not final.with_name(f".{final.name}.old").exists()

@@ -278,6 +278,33 @@ def _is_tied(model, key: str) -> bool:
     return bool(getattr(model.config, "tie_word_embeddings", False)) and key.endswith("lm_head.weight")
 
 
+def recover_publish(final_dir: Path) -> None:
+    """Finish a :func:`~tandem_rlvr.io.publish_dir` of ``final_dir`` (a checkpoint ``step-N``, ``best`` or
+    ``final``) that a kill cut between its two renames: the old copy moved aside to ``.NAME.old``, the new one
+    still at ``.tmp-NAME``. The new copy goes into place when it is complete (its ``COMPLETE`` marker; the old
+    one is then deleted, as publish_dir would have), else the old one goes back."""
+    old, tmp = final_dir.with_name(f".{final_dir.name}.old"), final_dir.with_name(f".tmp-{final_dir.name}")
+    if final_dir.exists() or not old.is_dir():
+        return
+    chosen = tmp if (tmp / MARKER).exists() else old
+    replace_durably(chosen, final_dir)
+    if chosen is tmp:  # what publish_dir would have deleted next
+        shutil.rmtree(old, ignore_errors=True)
+    log.warning("%s: a kill had cut its replacement short; restored the %s copy", final_dir,
+                "new" if chosen is tmp else "previous")
+
+
+def recover_publishes(run_dir: str | Path) -> None:
+    """:func:`recover_publish` for each checkpoint, ``best`` and ``final`` of a run (main process, before a resume)."""
+    run_dir = Path(run_dir)
+    root = run_dir / "checkpoints"
+    olds = list(root.glob(".step-*.old")) if root.is_dir() else []
+    for old in olds:
+        recover_publish(root / old.name[1:-len(".old")])
+    for name in ("best", "final"):
+        recover_publish(run_dir / name)
+
+
 def newest_intact_checkpoint(run_dir: str | Path, trust_unverified: bool = False) -> Path | None:
     """The newest complete checkpoint whose files verify; damaged newer ones are moved aside (logged). One
     without ``checksums.json`` raises :class:`~tandem_rlvr.integrity.Unverified` (``trust_unverified``: taken

@@ -65,6 +65,7 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
     """
     if restart:
         clear_run(run_dir)
+    ckpt_mod.recover_publishes(run_dir)  # a checkpoint, best/ or final/ whose replacement a kill cut short
     resume_from = ckpt_mod.newest_intact_checkpoint(run_dir)  # a damaged newest one is moved aside
     has_progress = resume_from is not None or bool(read_jsonl(run_dir / "metrics.jsonl"))
     if has_progress:
