@@ -118,6 +118,19 @@ def test_max_nonfinite_in_a_row_stops_with_a_checkpoint_and_resumes(tmp_path, to
     assert [r["train/nonfinite_run"] for r in _rows(tmp_path)][2:] == [0, 0]
 
 
+def test_the_nonfinite_stop_waits_for_its_checkpoint_on_every_process(tmp_path, tokenizer, base_models, monkeypatch):
+    """Only the main process writes the checkpoint: every process waits for it before raising, else the others
+    exit first and a launcher (torchrun) kills the main one mid-write, so the promised checkpoint never exists."""
+    poison_policy_loss(monkeypatch, calls=None)
+    tr = _trainer(_cfg(tmp_path, "train.steps=2", "train.max_nonfinite=1"), tokenizer, base_models)
+    events, real_save = [], tr.save
+    monkeypatch.setattr(tr, "save", lambda: events.append("save") or real_save())
+    monkeypatch.setattr(tr.acc, "wait_for_everyone", lambda: events.append("wait"))
+    with pytest.raises(TandemError, match="non-finite updates in a row"):
+        tr.train()
+    assert events[-2:] == ["save", "wait"]
+
+
 def test_cli_reports_the_nonfinite_stop_in_one_line(tmp_path, model_dirs, monkeypatch, capsys):
     from helpers.run_files import write_config
 
