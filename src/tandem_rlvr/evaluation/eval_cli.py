@@ -82,11 +82,13 @@ def benchmark_names(opts: EvalOptions) -> list[tuple[str, str]]:
     """``(name, source)`` of each ``--benchmark``: a file's stem, else the source as given; ``_2``, ``_3``, ...
     after a name taken."""
     out: list[tuple[str, str]] = []
+    taken: set[str] = set()
     for src in opts.benchmarks:
         name = Path(src).stem if Path(src).expanduser().is_file() else src
         key, i = name, 2
-        while key in {k for k, _ in out}:
+        while key in taken:
             key, i = f"{name}_{i}", i + 1
+        taken.add(key)
         out.append((key, src))
     return out
 

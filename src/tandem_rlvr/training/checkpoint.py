@@ -140,13 +140,13 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimiz
         if hasattr(model, "peft_config"):
             torch.save({k: v for k, v in model.state_dict().items() if "lora_" in k}, tmp / "lora_state.pt")
         tokenizer.save_pretrained(str(tmp))
-        rngs = rng_states or [rng_state()]
-        ranks = {"rng_ranks": [r[1] for r in rngs]} if len(rngs) > 1 else {}
+        plain, tensors = zip(*(rng_states or [rng_state()]))  # per process; the main one's also as "rng"
+        many = len(plain) > 1
         optim = optim_state if optim_state is not None else optimizer.state_dict()
-        torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rngs[0][1], **ranks},
-                   tmp / "train_state.pt")
-        ranks = {"rng_ranks": [r[0] for r in rngs]} if len(rngs) > 1 else {}
-        atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state, "rng": rngs[0][0], **ranks})
+        torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": tensors[0],
+                    **({"rng_ranks": list(tensors)} if many else {})}, tmp / "train_state.pt")
+        atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state, "rng": plain[0],
+                                                       **({"rng_ranks": list(plain)} if many else {})})
         integrity.write_checksums(tmp)
         (tmp / MARKER).write_text("ok\n")
     except Exception as e:

@@ -38,6 +38,7 @@ __all__ = [
     "k3_kl",
     "masked_mean",
     "merge_metrics",
+    "merged_mean",
     "chunk_weight",
     "process_scale",
     "policy_loss",
@@ -193,14 +194,19 @@ def merge_metrics(parts: list[dict[str, float]], summed: frozenset[str] | set[st
     for key in set().union(*parts) | set(summed):
         if key in summed:
             out[key] = float(sum(p.get(key, 0.0) for p in parts))
-            continue
-        vals = [(p[key], p.get("train/num_tokens", 0.0)) for p in parts if key in p]
-        total = sum(w for _, w in vals)
-        if key in TOKEN_MEAN_METRICS and total > 0:
-            out[key] = float(sum(v * w for v, w in vals) / total)
         else:
-            out[key] = float(sum(v for v, _ in vals) / len(vals))
+            out[key] = merged_mean([p for p in parts if key in p], key)
     return out
+
+
+def merged_mean(parts: list[dict], key: str) -> float:
+    """``key``'s mean over ``parts`` (each holding it): a token mean (:data:`TOKEN_MEAN_METRICS`) weighted by each
+    part's ``train/num_tokens`` where they have tokens, any other key (or parts without tokens) plainly."""
+    vals = [(float(p[key]), float(p.get("train/num_tokens") or 0.0)) for p in parts]
+    total = sum(w for _, w in vals)
+    if key in TOKEN_MEAN_METRICS and total > 0:
+        return sum(v * w for v, w in vals) / total
+    return sum(v for v, _ in vals) / len(vals)
 
 
 def rows_with_gradient(adv_B: Tensor, rows: Tensor, kl_beta: float = 0.0) -> Tensor:

@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from tandem_rlvr.training.core import TOKEN_MEAN_METRICS
+from tandem_rlvr.training.core import merged_mean
 
 # reward-scorer statistics that are counts (summed over processes); other metrics are averaged
 COUNT_SUFFIXES = ("/n", "/timeouts", "/no_box", "/errors", "/too_long", "/truncated", "/worker_restarts",
@@ -96,19 +96,9 @@ def reduce_row(acc, row: dict) -> dict:
             out[key] = float(sum(vals))
         elif key.startswith("time/"):
             out[key] = float(max(vals))
-        elif key in TOKEN_MEAN_METRICS and _token_weighted(rows, key) is not None:
-            out[key] = _token_weighted(rows, key)
-        else:
-            out[key] = float(sum(vals) / len(vals))
+        else:  # the mean over processes (token means weighted by their tokens: core.merged_mean)
+            out[key] = merged_mean([r for r in rows if isinstance(r.get(key), (int, float))], key)
     return out
-
-
-def _token_weighted(rows: list[dict], key: str) -> float | None:
-    """``key``'s mean over the processes' rows weighted by their ``train/num_tokens`` (None without tokens)."""
-    pairs = [(float(r[key]), float(r.get("train/num_tokens") or 0.0)) for r in rows
-             if isinstance(r.get(key), (int, float))]
-    total = sum(w for _, w in pairs)
-    return sum(v * w for v, w in pairs) / total if total > 0 else None
 
 
 def close_process_group() -> None:

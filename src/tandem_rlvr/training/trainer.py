@@ -253,11 +253,10 @@ class Trainer:
             scaler = getattr(self.opt, "scaler", None)
             if scaler is not None:  # fp16: its loss scaler skips the step and lowers the scale itself (it has
                 self.opt.step()  # unscaled these gradients: it must reach update() before the next unscale)
-                self.opt.zero_grad(set_to_none=True)
-                if scaler.get_scale() >= 1.0:  # an overflow the scaler absorbs, not a non-finite update
-                    log.info("fp16 gradient overflow (norm=%s): update skipped, loss scale now %g", norm, scaler.get_scale())
-                    return norm
             self.opt.zero_grad(set_to_none=True)
+            if scaler is not None and scaler.get_scale() >= 1.0:  # an overflow the scaler absorbs: not non-finite
+                log.info("fp16 gradient overflow (norm=%s): update skipped, loss scale now %g", norm, scaler.get_scale())
+                return norm
             self.nonfinite_run += 1
             log.warning("non-finite gradient (norm=%s): update skipped (%d in a row)", norm, self.nonfinite_run)
             return norm
