@@ -77,7 +77,7 @@ class AlgoConfig:
     mini_batch_prompts: int = _f(0, "Prompts per PPO mini-batch (one optimizer update each); 0 = all of the step's prompts (one update per step and epoch).", ge=0)
     ppo_epochs: int = _f(1, "Passes over each step's rollouts.", ge=1)
     micro_batch: int = _f(0, "Rollouts per forward/backward chunk (gradient accumulation); 0 = whole mini-batch.", ge=0)
-    old_logps: str = _f("auto", "The PPO ratio's old log-probs: rollout (the ones the in-process engine recorded while it sampled: no extra forward), recompute (one teacher-forced pass of the senior before the update; needed where the engine records none, e.g. vLLM or the text bridge, and wise where decode and training differ in precision) or auto (rollout where the engine recorded them and the senior is float32, else recompute). Both give the same numbers up to floating-point order.", choices=("auto", "rollout", "recompute"))
+    old_logps: str = _f("auto", "The PPO ratio's old log-probs: rollout (the ones the in-process engine recorded while it sampled: no extra forward), recompute (one teacher-forced pass of the senior before the update; needed where the engine records none, e.g. vLLM or the text bridge, and wise where decode and training differ in precision) or auto (rollout where the engine recorded them and the senior computes in float32: float32 weights, no mixed precision; else recompute). Both give the same numbers up to floating-point order.", choices=("auto", "rollout", "recompute"))
     senior_frac_band: list | None = _f(None, "Optional [low, high] band on a trlvr step's senior token share; outside it the run stops. None = no band (every step's ownership mask is still checked against the schedule's record, and its coins against handoff.p).")
 
 

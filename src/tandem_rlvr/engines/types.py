@@ -138,7 +138,7 @@ def sample_tokens(logits_BV: torch.Tensor, sampling: Sampling, gen: torch.Genera
     if sampling.temperature == 0:
         return logits_BV.argmax(-1)
     scaled = _filter_logits(logits_BV.float() / sampling.temperature, sampling.top_k, sampling.top_p)
-    return draw(scaled.softmax(-1).cpu(), gen).to(logits_BV.device)
+    return draw(scaled.softmax(-1), gen)
 
 
 def draw(probs_BV: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -146,12 +146,15 @@ def draw(probs_BV: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     uniform per row (~20x faster than ``torch.multinomial`` on a CPU for a batch of rows). Token ``i`` is drawn
     when ``cdf[i-1] <= u < cdf[i]``, so a token of probability 0 never is; a ``u`` that rounds up to the total
     takes the last token of positive probability. A row holding NaN, inf or a negative value (or only zeros) is
-    the RuntimeError ``torch.multinomial`` raises, which the trainer turns into its non-finite-logits error."""
+    the RuntimeError ``torch.multinomial`` raises, which the trainer turns into its non-finite-logits error.
+    The uniforms come from ``gen`` on its own device (the engines' CPU generators: the same stream on any device);
+    the rest runs where ``probs_BV`` is, so a GPU's rows are never copied to the host."""
     cdf_BV = probs_BV.double().cumsum(-1)
     total_B = cdf_BV[:, -1]
     if not bool(((total_B > 0) & torch.isfinite(total_B)).all()) or bool((probs_BV < 0).any()):
         raise RuntimeError("probability tensor contains either inf, nan or element < 0 (or a row of zeros)")
-    u_B1 = torch.rand(probs_BV.shape[0], 1, generator=gen, dtype=torch.float64) * cdf_BV[:, -1:]
+    u_B1 = torch.rand(probs_BV.shape[0], 1, generator=gen, dtype=torch.float64, device=gen.device)
+    u_B1 = u_B1.to(probs_BV.device) * cdf_BV[:, -1:]
     V = probs_BV.shape[-1]
     idx_B1 = torch.searchsorted(cdf_BV, u_B1, right=True).clamp_(max=V - 1)
     # cdf[i-1] <= u < cdf[i] means probs[i] > 0: only a u that rounded up to the total (index V) can land on a

@@ -216,37 +216,41 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
     out, device, dtype = Path(opts.out), *_device_dtype(opts)
     tok = load_tokenizer(path, trust_remote_code=opts.trust_remote_code, role=f"senior {name!r}")
     senior, engine, per, label = None, None, {}, label or name
-    for bname, (src, examples) in benches.items():
-        fp = _fingerprint(opts, path, src, examples, junior_path)
-        part = out / "parts" / f"{slug(label)}__{slug(bname)}.json"
-        chains = out / "chains" / slug(label) / f"{slug(bname)}.jsonl"
-        if not opts.overwrite and part.is_file() and chains.is_file():
-            saved = json.loads(part.read_text(encoding="utf-8"))
-            if saved.get("fingerprint") == fp:
-                log.info("reusing finished %s / %s from %s", name, bname, part)
-                per[bname] = saved["metrics"]
-                continue
-        if senior is None:
-            senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
-                                           role=f"senior {name!r}")).to(device)
-            if same_vocabulary(senior, junior, tok, junior_tok):
-                engine = _engine(opts, path, junior_path or opts.junior, dtype, tok, senior, junior,
-                                 (reach or {}).get(path))
-            elif opts.engine == "vllm":
-                from tandem_rlvr.config import ConfigError
+    try:
+        for bname, (src, examples) in benches.items():
+            fp = _fingerprint(opts, path, src, examples, junior_path)
+            part = out / "parts" / f"{slug(label)}__{slug(bname)}.json"
+            chains = out / "chains" / slug(label) / f"{slug(bname)}.jsonl"
+            if not opts.overwrite and part.is_file() and chains.is_file():
+                saved = json.loads(part.read_text(encoding="utf-8"))
+                if saved.get("fingerprint") == fp:
+                    log.info("reusing finished %s / %s from %s", name, bname, part)
+                    per[bname] = saved["metrics"]
+                    continue
+            if senior is None:
+                senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
+                                               role=f"senior {name!r}")).to(device)
+                if same_vocabulary(senior, junior, tok, junior_tok):
+                    engine = _engine(opts, path, junior_path or opts.junior, dtype, tok, senior, junior,
+                                     (reach or {}).get(path))
+                elif opts.engine == "vllm":
+                    from tandem_rlvr.config import ConfigError
 
-                raise ConfigError(f"eval: --engine vllm needs a senior and junior with one vocabulary; senior {name!r} "
-                                  f"and junior {junior_name!r} differ (use --engine hf: the text bridge)")
-        t0 = time.perf_counter()
-        with AtomicJsonl(chains) as sink:
-            metrics, _ = evaluate_any_pair(senior, junior, tok, junior_tok, examples, settings or EvalSettings.of(opts),
-                                           scorer=scorer, sink=sink.write, keep_chains=False, engine=engine,
-                                           labels={"senior": name, "junior": junior_name, "benchmark": bname})
-        metrics["time_s"] = time.perf_counter() - t0
-        atomic_write_json(part, {"fingerprint": fp, "metrics": metrics})
-        per[bname] = metrics
-    del senior, engine
-    gc.collect()
+                    raise ConfigError(f"eval: --engine vllm needs a senior and junior with one vocabulary; senior {name!r} "
+                                      f"and junior {junior_name!r} differ (use --engine hf: the text bridge)")
+            t0 = time.perf_counter()
+            with AtomicJsonl(chains) as sink:
+                metrics, _ = evaluate_any_pair(senior, junior, tok, junior_tok, examples, settings or EvalSettings.of(opts),
+                                               scorer=scorer, sink=sink.write, keep_chains=False, engine=engine,
+                                               labels={"senior": name, "junior": junior_name, "benchmark": bname})
+            metrics["time_s"] = time.perf_counter() - t0
+            atomic_write_json(part, {"fingerprint": fp, "metrics": metrics})
+            per[bname] = metrics
+    finally:  # a vLLM engine holds its --vllm-memory share until shut down: the next senior's could not start
+        if engine is not None:
+            engine.close()
+        del senior, engine
+        gc.collect()
     return {"per_benchmark": per, "macro": macro_average(per), "junior": junior_name,
             "templates": {"senior": template_kind(tok), "junior": template_kind(junior_tok)}}
 

@@ -159,13 +159,18 @@ ACCELERATE_MP = {"": None, "off": "no"}  # model.mixed_precision -> Accelerator(
 
 def check_mixed_precision(cfg: Config, cuda: bool) -> None:
     """The run's mixed precision (``model.mixed_precision``, else the launch config's ``ACCELERATE_MIXED_PRECISION``)
-    where it would silently not apply: fp16 without a CUDA GPU (accelerate then runs in fp32) or under
-    ``train.fsdp`` (the sharded senior's optimizer gets no loss scaling)."""
+    where it would silently not apply or fail at the first update: fp16 without a CUDA GPU (accelerate then runs in
+    fp32), over weights that are not float32 (the loss scaler refuses fp16 gradients) or under ``train.fsdp`` (the
+    sharded senior's optimizer gets no loss scaling)."""
     key = "model.mixed_precision" if cfg.model.mixed_precision else "the accelerate launch config's mixed_precision"
     mp = cfg.model.mixed_precision or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
     if mp == "fp16" and not cuda:
         raise TandemError(f"{key} is fp16, which needs a CUDA GPU (none here: accelerate would run in float32); "
                           "use bf16 or no")
+    if mp == "fp16" and cfg.model.dtype != "float32":  # the launch config's (the run config's is refused earlier)
+        raise TandemError(f"{key} is fp16, which needs float32 weights (accelerate's loss scaler cannot unscale "
+                          f"fp16 gradients), but model.dtype is {cfg.model.dtype}: set model.dtype=float32, or bf16 "
+                          "or no mixed precision")
     if mp == "fp16" and cfg.train.fsdp != "off":
         raise TandemError(f"{key} is fp16, which train.fsdp={cfg.train.fsdp} does not support (no loss scaling for "
                           "the sharded senior); use bf16")

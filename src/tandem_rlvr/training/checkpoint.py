@@ -112,12 +112,23 @@ def _save_weights_inner(model, path: Path, state_dict: dict | None) -> None:
         model.save_pretrained(str(path), safe_serialization=True, state_dict=state_dict)
     elif hasattr(model, "peft_config"):
         model.save_pretrained(str(path / "adapter"), safe_serialization=True)
-        import copy
-
-        merged = copy.deepcopy(model).merge_and_unload()
-        merged.save_pretrained(str(path), safe_serialization=True)
+        _cpu_copy(model).merge_and_unload().save_pretrained(str(path), safe_serialization=True)
     else:
         model.save_pretrained(str(path), safe_serialization=True)
+
+
+def _cpu_copy(model):
+    """A deep copy of ``model`` on the CPU: each parameter and buffer copied there one at a time, so a model on a GPU
+    is never copied whole on its device (a LoRA senior is merged on this copy; the model itself is not touched,
+    its frozen base stays the junior bit for bit). Tied weights stay tied (one copy per tensor object)."""
+    import copy
+
+    memo = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in memo:
+            c = t.detach().to("cpu", copy=True)
+            memo[id(t)] = torch.nn.Parameter(c, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else c
+    return copy.deepcopy(model, memo)
 
 
 def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimizer, scheduler,
@@ -225,9 +236,11 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bo
 
     sharded = sharded_main is not None
     weights = weight_files(ckpt, trust_unverified)
-    ts = torch.load(ckpt / "train_state.pt", weights_only=True)
+    # to the CPU first: a GPU run's file names cuda:0 (rank 0 wrote it), where every process would otherwise
+    # build the whole optimizer state before load_state_dict moves it to its own device
+    ts = torch.load(ckpt / "train_state.pt", weights_only=True, map_location="cpu")
     if hasattr(model, "peft_config"):
-        lora = torch.load(ckpt / "lora_state.pt", weights_only=True)
+        lora = torch.load(ckpt / "lora_state.pt", weights_only=True, map_location="cpu")
         missing = model.load_state_dict(lora, strict=False)
         del missing
     else:

@@ -188,10 +188,13 @@ class Trainer:
         """The PPO ratio's old log-probs (``algo.old_logps``): the rollout's own where the engine recorded
         them, else one teacher-forced pass of the senior."""
         choice, recorded = self.cfg.algo.old_logps, rollout.logps_recorded
+        # float32 compute (float32 weights, no mixed precision from the run or the launch config): a KV-cached
+        # decode and a teacher-forced forward then differ by float order only, not by two bf16 computations
+        f32 = self.cfg.model.dtype == "float32" and self.acc.mixed_precision == "no"
         if choice == "rollout" and not recorded:
             raise TandemError("algo.old_logps=rollout, but the rollout engine recorded no log-probs "
                               f"(rollout.engine={self.cfg.rollout.engine}, bridge={self.bridge}): use recompute or auto")
-        if choice == "rollout" or (choice == "auto" and recorded and self.cfg.model.dtype == "float32"):
+        if choice == "rollout" or (choice == "auto" and recorded and f32):
             return rollout.senior_logps_BT
         return sequence_logps(senior, rollout, self.cfg.rollout.temperature, self.cfg.algo.micro_batch)
 

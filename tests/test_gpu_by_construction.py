@@ -1,0 +1,241 @@
+"""GPU review: CPU-side demonstrations of defects that would break or corrupt a first CUDA run.
+
+Every test here states what the code should do; those that fail today show a defect (see the review report).
+No CUDA is needed: a GPU-written checkpoint is imitated by tagging storages "cuda:0" when they are saved, the
+launch config's mixed precision by its environment variable, vLLM engines by stand-ins.
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.tiny_models import make_tiny_model
+from tandem_rlvr.config import load_config
+from tandem_rlvr.errors import TandemError
+from tandem_rlvr.training import checkpoint as ck
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. train_state.pt is read with torch.load(...) and no map_location
+# ---------------------------------------------------------------------------------------------------
+
+def _parts(tokenizer, seed=0):
+    model = make_tiny_model(len(tokenizer), seed, 16, layers=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+
+def _one_step(model, opt):
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _save_as_if_on_cuda0(run: Path, tokenizer) -> Path:
+    """A checkpoint whose AdamW state is tagged ``cuda:0`` in ``train_state.pt``: what ``optimizer.state_dict()``
+    holds on a GPU (rank 0 of a DDP run, or any single-GPU run). The tag is all torch.load looks at to decide
+    where to put a tensor when no ``map_location`` is given."""
+    model, opt, sched = _parts(tokenizer)
+    _one_step(model, opt)
+    on_gpu = {t.untyped_storage().data_ptr() for s in opt.state.values() for t in s.values()
+              if torch.is_tensor(t) and t.dim() > 0}
+
+    def tagger(storage):
+        return "cuda:0" if storage.data_ptr() in on_gpu else None
+
+    entry = (0, tagger, lambda obj, location: None)  # priority 0: before torch's own cpu tagger
+    torch.serialization._package_registry.append(entry)
+    torch.serialization._package_registry.sort(key=lambda e: e[0])
+    try:
+        return ck.save_checkpoint(run, 1, model=model, tokenizer=tokenizer, optimizer=opt, scheduler=sched,
+                                  trainer_state={}, keep_last=5)
+    finally:
+        torch.serialization._package_registry.remove(entry)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="imitates a GPU checkpoint on a machine without CUDA")
+def test_a_gpu_written_train_state_is_loaded_with_an_explicit_map_location(tmp_path, tokenizer):
+    """``load_checkpoint`` reads ``train_state.pt`` with ``torch.load(..., weights_only=True)`` and no
+    ``map_location``: every tensor goes back to the device it was saved from. On a multi-GPU DDP resume that is
+    ``cuda:0`` for *every* rank (rank 0 wrote the file), so each rank >= 1 allocates the whole AdamW state
+    (2x the senior in fp32) on GPU 0 before ``optimizer.load_state_dict`` moves it to its own GPU; on a machine
+    without CUDA the resume fails outright. Here: the CPU-only case."""
+    ckpt = _save_as_if_on_cuda0(tmp_path / "run", tokenizer)
+    model, opt, sched = _parts(tokenizer, seed=7)
+    state = ck.load_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched)  # fails today: CUDA deserialize
+    assert state["step"] == 1
+    assert all(t.device.type == "cpu" for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+
+
+def test_load_checkpoint_passes_map_location_to_every_torch_load(tmp_path, tokenizer, monkeypatch):
+    """The same defect seen from the call: every ``torch.load`` of ``load_checkpoint`` should say where tensors go
+    (``map_location="cpu"``; ``mmap=True`` also keeps the non-main FSDP ranks, which never use the full optimizer
+    state they read today, from each holding a host copy of it)."""
+    model, opt, sched = _parts(tokenizer)
+    ckpt = ck.save_checkpoint(tmp_path / "run", 1, model=model, tokenizer=tokenizer, optimizer=opt, scheduler=sched,
+                              trainer_state={}, keep_last=5)
+    calls = []
+    real = torch.load
+
+    def spy(*a, **kw):
+        calls.append(kw)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(torch, "load", spy)
+    model2, opt2, sched2 = _parts(tokenizer, seed=7)
+    ck.load_checkpoint(ckpt, model=model2, optimizer=opt2, scheduler=sched2)
+    assert calls, "load_checkpoint read train_state.pt"
+    assert all(kw.get("map_location") is not None for kw in calls), calls
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. fp16 from the accelerate launch config over fp16 weights is not refused
+# ---------------------------------------------------------------------------------------------------
+
+def test_grad_scaler_refuses_fp16_gradients():
+    """What a run with fp16 weights under accelerate's fp16 (GradScaler) meets at its first clip_grad_norm_."""
+    m = torch.nn.Linear(4, 4).half()
+    opt = torch.optim.AdamW(m.parameters())
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(m(torch.randn(2, 4).half()).float().sum()).backward()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        scaler.unscale_(opt)
+
+
+def test_launch_config_fp16_over_fp16_weights_is_refused_before_the_run(monkeypatch):
+    """``config_bounds.model_checks`` refuses ``model.mixed_precision=fp16`` with ``model.dtype=float16`` (half
+    compute needs float32 weights), but only when the key is set in the run config; with the key empty (every
+    shipped config) the accelerate launch config's ``mixed_precision: fp16`` reaches the Accelerator unchecked
+    (``build.check_mixed_precision`` looks at fp16 vs CPU and FSDP only). accelerate then makes a GradScaler,
+    and the first ``acc.clip_grad_norm_`` raises torch's 'Attempting to unscale FP16 gradients.'"""
+    from tandem_rlvr.training.build import check_mixed_precision
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # what accelerate launch exports from its config
+    cfg = load_config(None, ["model.senior=x", "model.self_paired=true", "model.dtype=float16"])
+    with pytest.raises(TandemError, match="fp16"):
+        check_mixed_precision(cfg, cuda=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. algo.old_logps=auto reuses bf16-autocast decode log-probs
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["config", "launch"])
+def test_old_logps_auto_recomputes_when_the_senior_computes_in_bf16(monkeypatch, where):
+    """``auto`` takes the rollout's recorded log-probs when ``model.dtype == "float32"``, but the shipped
+    launch configs (and ``model.mixed_precision=bf16``) run every senior forward under accelerate's bf16 autocast:
+    the rollout's are then KV-cached bf16 decode log-probs, the update's teacher-forced bf16 ones, and the PPO
+    ratio of the first epoch is not 1 (clipping on bf16 noise). The docs' own rule: recompute "where decode and
+    training differ in precision"."""
+    from tandem_rlvr.training import trainer as tr
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    over = ["model.senior=x", "model.self_paired=true", "model.dtype=float32", "algo.old_logps=auto"]
+    if where == "config":
+        over.append("model.mixed_precision=bf16")
+    cfg = load_config(None, over)
+    recorded = torch.full((2, 3), -1.0)
+    rollout = types.SimpleNamespace(logps_recorded=True, senior_logps_BT=recorded)
+    recomputed = torch.full((2, 3), -2.0)
+    monkeypatch.setattr(tr, "sequence_logps", lambda *a, **k: recomputed)
+    fake = types.SimpleNamespace(cfg=cfg, bridge=False, acc=types.SimpleNamespace(mixed_precision="bf16"))
+    got = tr.Trainer._old_logps(fake, object(), rollout)
+    assert got is recomputed, "auto reused the bf16 decode log-probs as the PPO ratio's old log-probs"
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. eval: one vLLM engine per senior, never closed
+# ---------------------------------------------------------------------------------------------------
+
+def test_eval_closes_each_seniors_engine(monkeypatch, tmp_path):
+    """``eval_cli._eval_senior`` builds one rollout engine per senior (``--engine vllm``: a vLLM engine that takes
+    ``--vllm-memory`` of the GPU) and drops it with ``del senior, engine`` without ``engine.close()``: the
+    in-process vLLM engine core is not shut down, so with several seniors each new engine starts beside the
+    previous ones' memory (vLLM refuses to start once free memory is below its share)."""
+    from tandem_rlvr import models
+    from tandem_rlvr.evaluation import crosstok, eval_cli
+    from tandem_rlvr.evaluation.options import EvalOptions
+
+    engines = []
+
+    class StandIn:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    def make_engine(*a, **k):
+        engines.append(StandIn())
+        return engines[-1]
+
+    monkeypatch.setattr(models, "load_tokenizer", lambda *a, **k: object())
+    monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(crosstok, "same_vocabulary", lambda *a: True)
+    monkeypatch.setattr(crosstok, "template_kind", lambda tok: "plain")
+    monkeypatch.setattr(crosstok, "evaluate_any_pair", lambda *a, **k: ({"solo_pass@1": 0.0}, []))
+    monkeypatch.setattr(eval_cli, "_engine", make_engine)
+    monkeypatch.setattr(eval_cli, "_fingerprint", lambda *a, **k: "fp")
+    monkeypatch.setattr("tandem_rlvr.evaluation.metrics.macro_average", lambda per: {})
+    opts = EvalOptions(out=str(tmp_path / "eval"), device="cpu", dtype="float32", engine="vllm")
+    benches = {"b": ("src", [])}
+    for name in ("s1", "s2"):
+        eval_cli._eval_senior(opts, name, f"/models/{name}", object(), object(), benches, scorer=None,
+                              junior_path="/models/j")
+    assert len(engines) == 2
+    assert all(e.closed for e in engines), "a senior's engine was left running when the next one was built"
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. sampling copies every row's probabilities to the host
+# ---------------------------------------------------------------------------------------------------
+
+def test_sampling_never_copies_the_rows_probabilities_to_the_host(monkeypatch):
+    """``sample_tokens`` used to move the ``B x V`` probabilities to the CPU every token (``.cpu()``, ~30 ms a token
+    at B=16 with a 152k vocabulary on a GPU) to draw there. Now only the ``B`` uniforms come from the CPU
+    generator; the draw runs where the logits are. Same tokens as drawing on the host from the same stream."""
+    from tandem_rlvr.engines.types import Sampling, draw, sample_tokens
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    expected = draw((logits / 0.7).softmax(-1), torch.Generator().manual_seed(3))
+
+    def no_host_copy(self, *a, **k):
+        raise AssertionError("a tensor was copied to the host while sampling")
+
+    monkeypatch.setattr(torch.Tensor, "cpu", no_host_copy)
+    got = sample_tokens(logits, Sampling(max_new_tokens=4, temperature=0.7), torch.Generator().manual_seed(3))
+    assert torch.equal(got, expected)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. saving a LoRA senior deep-copied it on its device
+# ---------------------------------------------------------------------------------------------------
+
+def test_the_merged_lora_senior_is_copied_tensor_by_tensor_to_the_cpu(tokenizer, monkeypatch):
+    """``_save_weights`` merged a LoRA senior on ``copy.deepcopy(model)``: a second whole model on its GPU at every
+    checkpoint, ``best/`` and ``final/``. ``_cpu_copy`` hands deepcopy a CPU copy of every parameter and buffer, so
+    deepcopy itself copies no tensor (on a GPU it would copy it on the GPU); tied weights stay one tensor, and the
+    copy's values are the model's."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(make_tiny_model(len(tokenizer), 0, 16, layers=1),
+                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    deep_copied = []
+    real = torch.Tensor.__deepcopy__
+
+    def spy(self, memo):
+        deep_copied.append(tuple(self.shape))
+        return real(self, memo)
+
+    monkeypatch.setattr(torch.Tensor, "__deepcopy__", spy)
+    monkeypatch.setattr(torch.nn.Parameter, "__deepcopy__", spy)
+    copy_ = ck._cpu_copy(model)
+    assert not deep_copied, f"deepcopy copied tensors itself: {deep_copied[:5]}"
+    mine, theirs = dict(model.named_parameters()), dict(copy_.named_parameters())
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[n], theirs[n]) and mine[n] is not theirs[n] for n in mine)
+    base = copy_.get_base_model()
+    assert base.lm_head.weight is base.model.embed_tokens.weight  # tied weights stay tied
