@@ -241,11 +241,33 @@ def parse_overrides(overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() not in ("", "~") else raw.strip()
+        value = _override_value(key.strip(), raw) if raw.strip() not in ("", "~") else raw.strip()
         if isinstance(value, str) and value.strip().lower() in ("none", "null"):
             value = None
         set_dotted(out, key, value)
     return out
+
+
+def _override_value(key: str, raw: str):
+    """An override's value: YAML, but a text key (``data.prompt_template=Q: {problem}``, which YAML would read as
+    a mapping or not at all) takes the text as written; another key's value that is not YAML is one error."""
+    tp, text = Config, False
+    for part in key.split("."):
+        hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
+        if part not in hints:
+            tp = None
+            break
+        tp = hints[part]
+    if tp is not None:
+        text = tp is str or str in typing.get_args(tp)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        if text:
+            return raw.strip()
+        raise ConfigError(f"{config_key(key)}: {raw!r} is not a YAML value ({str(e).splitlines()[0]}); quote it "
+                          "or fix its syntax") from None
+    return raw.strip() if text and isinstance(value, (dict, list)) else value
 
 
 def set_dotted(tree: dict, dotted: str, value) -> dict:

@@ -139,12 +139,15 @@ def run_parallel(ctx: JobContext, todo: list, n: int):
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     from tandem_rlvr.logs import progress
+    from tandem_rlvr.training import runlock
     from tandem_rlvr.training.rundir import clear_run
 
     plan, out = ctx.plan, Path(ctx.out)
     for arm, seed in todo:  # a killed run's leftovers would count as progress before its job restarts it
-        if arm is not None:
-            clear_run(out / "runs" / f"{arm}-seed{seed}")  # only a run's own files (else refused, naming one)
+        if arm is not None:  # only a run's own files (else refused, naming one), and not while a live process trains it
+            run_dir = out / "runs" / f"{arm}-seed{seed}"
+            with runlock.acquire(run_dir):
+                clear_run(run_dir)
     unit = _eval_units(plan)
 
     def cost(job) -> int:  # training steps, plus the evaluation

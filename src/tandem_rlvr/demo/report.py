@@ -172,9 +172,15 @@ def _timing(results: dict) -> str:
 
 
 def _build_seed(results: dict) -> str:
-    """``; world build seed N`` for a world rebuilt under another build seed (``--world-seed``), else nothing."""
-    seed = results.get("world", {}).get("seed")
-    return "" if seed is None else f"; world build seed {seed} (not the shipped build)"
+    """Nothing for the shipped world; for another build, ``; world build seed N (not the shipped build)``
+    (``--world-seed``) or, for one rebuilt in the cache under the shipped seed (``--rebuild-world``, another CPU's
+    rounding), ``; world rebuilt in the cache (not the shipped build)``."""
+    world = results.get("world", {})
+    seed, shipped = world.get("seed"), world.get("shipped")
+    if shipped or (shipped is None and seed is None):  # results of an older version say nothing of it
+        return ""
+    return f"; world build seed {seed} (not the shipped build)" if seed is not None else \
+        "; world rebuilt in the cache (not the shipped build)"
 
 
 def _title(results: dict) -> str:

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from tandem_rlvr.demo.jobs import JobContext, n_workers, run_parallel, run_sequential
 from tandem_rlvr.demo.plan import DemoPlan, plans, run_names, train_config, with_changes
+from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_json
+from tandem_rlvr.training import runlock
 from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
 
 __all__ = ["run_demo"]
@@ -38,17 +40,16 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     The warm start's evaluation and each (arm, seed) run are independent jobs; ``workers`` (default:
     one per usable CPU, at most one per job) run them in parallel processes of one intra-op thread
     each, with the same numbers as one process (every job seeds itself). An interrupted demo resumes:
-    evaluations already in ``out_dir/results.json`` (same plan, world and junior) are kept, the rest
-    is trained and evaluated (``restart``: all). ``world`` names the built-in world (a key of
+    evaluations already in ``out_dir/results.json`` (same plan, world build and junior) are kept, the rest
+    is trained and evaluated (``restart``: all; another demo's results there are refused without it, and a folder
+    of files the demo did not write always). ``world`` names the built-in world (a key of
     :data:`tandem_rlvr.world.registry.WORLDS`: ``arith``, the default, ``shorthand``, ``dialects`` or
     ``slips``); its plan (:func:`tandem_rlvr.demo.plan.plans`) is the default;
     ``world_seed`` builds it under another build seed, ``budget`` changes the plan's token budget and
     ``kl_betas`` its KL-Reg sweep (empty: ``grpo`` and ``trlvr`` only): the robustness checks of
     docs/demo.md (default: the shipped world and the plan's own values)."""
-    from tandem_rlvr.demo.report import write_report
     from tandem_rlvr.logs import quiet_libraries
     from tandem_rlvr.preflight import check_demo
-    from tandem_rlvr.world.build import build_world
 
     check_demo(out_dir, junior=junior, seeds=seeds, workers=workers, budget=budget, kl_betas=kl_betas,
                world_seed=world_seed)  # before the world build and any training
@@ -56,14 +57,28 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     get_world(world, "demo world")  # an unknown world fails here, before the build
     plan = with_changes(plan or plans(world)[1 if quick else 0], seeds=seeds, budget=budget, kl_betas=kl_betas)
     out = Path(out_dir)
+    _check_own(out)  # a folder of someone else's files: refused before anything is written into it
     out.mkdir(parents=True, exist_ok=True)
+    with runlock.acquire(out):  # a second demo into the same --out is refused, naming this one
+        return _run(out, plan, junior, world, world_seed, force_world, budget, restart, workers)
+
+
+def _run(out: Path, plan: DemoPlan, junior: str, world: str, world_seed, force_world: bool, budget, restart: bool,
+         workers) -> dict:
+    from tandem_rlvr.demo.report import write_report
+    from tandem_rlvr.world.build import build_id, build_world, is_shipped
+
+    _check_own(out)  # again, under the lock
+    atomic_write_json(out / MARKER, {"written_by": "tandem-rlvr demo"})
     t0 = time.perf_counter()
     paths = build_world(force=force_world, world=world, **({} if world_seed is None else {"seed": world_seed}))
     jdir = str(paths.junior_dir) if junior == "weak" else None
     if budget is not None:
         _check_budget(plan, world, str(paths.senior_dir), jdir, out)
     results = {"plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.__dict__.items()}, "junior": junior,
-               "world": {"name": world, **({} if world_seed is None else {"seed": world_seed}), "senior": str(paths.senior_dir), "junior": str(paths.junior_dir),
+               "world": {"name": world, **({} if world_seed is None else {"seed": world_seed}),
+                         "senior": str(paths.senior_dir), "junior": str(paths.junior_dir),
+                         "build": build_id(paths.root), "shipped": is_shipped(paths.root, world),
                          "build_s": time.perf_counter() - t0},
                "warm_start": {}, "arms": {r: {} for r in run_names(plan)}, "curves": {r: {} for r in run_names(plan)},
                "senior_alone_step0": {}}
@@ -88,7 +103,6 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
 def _check_budget(plan: DemoPlan, world: str, senior_dir: str, junior_dir: str | None, out: Path) -> None:
     """``--budget`` against the world's models, before any job: the training preflight's context check of the
     first run's config (its message, in the demo's words)."""
-    from tandem_rlvr.errors import TandemError
     from tandem_rlvr.models import load_tokenizer
     from tandem_rlvr.preflight import check_train_context
 
@@ -111,22 +125,47 @@ def _write_problems(out: Path, plan: DemoPlan, world: str = DEFAULT_WORLD) -> No
     atomic_write_json(out / "chains" / "problems.json", problems)
 
 
-def _previous(out: Path, results: dict, restart: bool) -> dict:
-    """Results of an earlier run of the same plan, world and junior in ``out`` (so a killed demo resumes
-    after its last finished evaluation); ``results`` (empty) when there is none or ``restart``."""
-    path = out / "results.json"
-    if restart or not path.is_file():
-        return results
+MARKER = ".tandem-rlvr-demo"  # in --out: the demo wrote this folder (its own files may be replaced on --restart)
+_OWN = (MARKER, runlock.LOCK_NAME)
+
+
+def _check_own(out: Path) -> None:
+    """Refuse an ``--out`` that holds files and is not a demo's (no :data:`MARKER`, no demo ``results.json``): the
+    demo writes its report, results and runs only into a new or empty folder, or one of its own."""
+    if not out.is_dir() or (out / MARKER).is_file() or _demo_results(out / "results.json") is not None:
+        return
+    foreign = sorted(e.name for e in out.iterdir() if e.name not in _OWN)
+    if foreign:
+        raise TandemError(f"demo --out {str(out)!r} holds files the demo did not write ({', '.join(foreign[:3])}"
+                          f"{', ...' if len(foreign) > 3 else ''}): choose a new or empty folder, or a demo's own")
+
+
+def _demo_results(path: Path) -> dict | None:
+    """A demo's ``results.json`` (a mapping with its plan), else None (absent, unreadable or something else)."""
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        log.warning("ignoring unreadable %s (starting over)", path)
+    except (OSError, ValueError):
+        return None
+    return old if isinstance(old, dict) and isinstance(old.get("plan"), dict) else None
+
+
+def _previous(out: Path, results: dict, restart: bool) -> dict:
+    """Results of an earlier run of the same plan, world build and junior in ``out`` (so a killed demo resumes
+    after its last finished evaluation); ``results`` (empty) when there is none or ``restart``. Another demo's
+    results are refused without ``restart`` (one line naming what differs): never replaced by surprise."""
+    path = out / "results.json"
+    if restart or not path.exists():
         return results
-    same = (all(old.get(k) == results[k] for k in ("plan", "junior"))
-            and all(old.get("world", {}).get(k, DEFAULT_WORLD if k == "name" else None) == results["world"][k] for k in ("senior", "name")))
-    if not same:
-        log.info("%s holds another plan, world or junior: starting over", path)
-        return results
+    old = _demo_results(path)
+    if old is None:
+        raise TandemError(f"{path} is not a demo's results (unreadable, or no plan in it): move it away, or pass "
+                          "--restart to replace it")
+    was = {"name": DEFAULT_WORLD, **old.get("world", {})}
+    differ = [k for k in ("plan", "junior") if old.get(k) != results[k]]
+    differ += [f"world {k}" for k in ("name", "senior", "build") if was.get(k) != results["world"][k]]
+    if differ:
+        raise TandemError(f"{out} holds a demo of another {', '.join(differ)}: pass --restart to replace it (its "
+                          "results, report and runs), or choose another --out")
     log.info("resuming the demo in %s: its finished evaluations are kept (--restart recomputes them)", out)
     keep = ("warm_start", "arms", "curves", "senior_alone_step0", "total_s")
     return {**results, **{k: old[k] for k in keep if k in old}, "resumed": True}

@@ -229,6 +229,19 @@ def _install(tmp: Path, final: Path) -> None:
         replace_durably(tmp, final)
 
 
+def build_id(root: Path) -> str:
+    """A short digest of a built world's file table (its manifest): two builds of one recipe that differ in any
+    byte (a rebuild on another CPU) have different ids."""
+    files = json.loads((Path(root) / "manifest.json").read_text()).get("files") or {}
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def is_shipped(root: Path, world: str = DEFAULT_WORLD) -> bool:
+    """Whether the world in ``root`` is, byte for byte, the copy shipped with the package."""
+    shipped = prebuilt_world(world)
+    return shipped is not None and build_id(shipped) == build_id(root)
+
+
 def prebuilt_world(world: str = DEFAULT_WORLD) -> Path | None:
     """The copy of the world's current recipe shipped with the package (``world/prebuilt/<key>``), if intact."""
     root = PREBUILT_DIR / world_key(world=world)
