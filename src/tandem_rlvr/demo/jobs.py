@@ -146,6 +146,9 @@ def run_parallel(ctx: JobContext, todo: list, n: int):
     for arm, seed in todo:  # a killed run's leftovers would count as progress before its job restarts it
         if arm is not None:  # only a run's own files (else refused, naming one), and not while a live process trains it
             run_dir = out / "runs" / f"{arm}-seed{seed}"
+            if not (run_dir / runlock.LOCK_NAME).exists():  # no process ever ran it: nothing of a live run there
+                clear_run(run_dir)
+                continue
             with runlock.acquire(run_dir):
                 clear_run(run_dir)
     unit = _eval_units(plan)

@@ -3,7 +3,7 @@
 One iterator for every way the trainer holds the senior:
 
 - a plain (DDP) model: its parameters as they are;
-- a peft model: the adapter merged in while the iterator is open, under the base model's names;
+- a peft model: the adapter added to each weight it adapts (out of place), under the base model's names;
 - an FSDP2-sharded model (``train.fsdp`` full or zero2): streamed one FSDP unit at a time (the root's own
   parameters, then each decoder layer's): the unit is gathered, copies of its full tensors are handed
   out in the engine's dtype, the unit is resharded, the next one follows. A process never holds more
@@ -34,22 +34,52 @@ def is_sharded(model) -> bool:
 def engine_weights(model, dtype: torch.dtype | None = None) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
     """The model's weights under the names vLLM loads, cast to ``dtype`` (None: as they are).
 
-    A peft adapter is merged in while the block is open; a sharded model is streamed unit by unit (see the
+    A plain LoRA adapter is added to each weight it adapts as that weight is handed out (``W + ΔW``, peft's own
+    ``get_delta_weight``, the arithmetic of its merge): the model itself is never modified. Another peft adapter
+    (DoRA, a LoRA bias, ...) is merged in while the block is open and unmerged after, which rounds the base weights
+    (in bfloat16 by up to one unit in the last place per sync); a sharded model is streamed unit by unit (see the
     module's doc)."""
-    merged = hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
-    if merged:
+    peft = hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
+    layers = _plain_lora_layers(model) if peft else None
+    in_place = peft and layers is None
+    if in_place:
         model.merge_adapter()
     try:
-        source = _streamed(model, dtype) if is_sharded(model) else _plain(model, dtype)
-        yield _renamed(source, peft=merged)
+        source = _streamed(model, dtype) if is_sharded(model) else _plain(model, dtype, layers or {})
+        yield _renamed(source, peft=peft)
     finally:
-        if merged:
+        if in_place:
             model.unmerge_adapter()
 
 
-def _plain(model, dtype):
+def _plain_lora_layers(model) -> dict | None:
+    """``{parameter name of an adapted weight: its LoRA layer}`` when every LoRA layer of the peft ``model`` is
+    plain LoRA (no variant such as DoRA, no LoRA bias, not merged), else None."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        return None
+    layers = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, LoraLayer):
+            continue
+        active = [a for a in m.active_adapters if a in m.lora_A]
+        if m.merged or any(a in getattr(m, "lora_variant", {}) or getattr(m, "lora_bias", {}).get(a) for a in active):
+            return None
+        if active:
+            layers[f"{name}.base_layer.weight"] = (m, active)
+    return layers
+
+
+def _plain(model, dtype, lora: dict):
     for name, p in model.named_parameters():
-        yield name, p.detach() if dtype in (None, p.dtype) else p.detach().to(dtype)
+        w = p.detach()
+        if name in lora:  # W + ΔW, as peft's merge adds it (in W's dtype), out of place
+            layer, active = lora[name]
+            with torch.no_grad():
+                for a in active:  # in the promoted dtype, rounded once to W's (as peft's in-place +=)
+                    w = (w + layer.get_delta_weight(a)).to(p.dtype)
+        yield name, w if dtype in (None, w.dtype) else w.to(dtype)
 
 
 def _streamed(model, dtype):
