@@ -1,6 +1,7 @@
 """GPU review: CPU-side demonstrations of defects that would break or corrupt a first CUDA run.
 
-Every test here states what the code should do; those that fail today show a defect (see the review report).
+Each test states what the code must do on a GPU and fails on the defect it was written for (a review of the
+CUDA paths, 2026-12-06).
 No CUDA is needed: a GPU-written checkpoint is imitated by tagging storages "cuda:0" when they are saved, the
 launch config's mixed precision by its environment variable, vLLM engines by stand-ins.
 """
@@ -66,7 +67,7 @@ def test_a_gpu_written_train_state_is_loaded_with_an_explicit_map_location(tmp_p
     without CUDA the resume fails outright. Here: the CPU-only case."""
     ckpt = _save_as_if_on_cuda0(tmp_path / "run", tokenizer)
     model, opt, sched = _parts(tokenizer, seed=7)
-    state = ck.load_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched)  # fails today: CUDA deserialize
+    state = ck.load_checkpoint(ckpt, model=model, optimizer=opt, scheduler=sched)  # was: 'Attempting to deserialize object on a CUDA device'
     assert state["step"] == 1
     assert all(t.device.type == "cpu" for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
 
@@ -74,7 +75,7 @@ def test_a_gpu_written_train_state_is_loaded_with_an_explicit_map_location(tmp_p
 def test_load_checkpoint_passes_map_location_to_every_torch_load(tmp_path, tokenizer, monkeypatch):
     """The same defect seen from the call: every ``torch.load`` of ``load_checkpoint`` should say where tensors go
     (``map_location="cpu"``; ``mmap=True`` also keeps the non-main FSDP ranks, which never use the full optimizer
-    state they read today, from each holding a host copy of it)."""
+    state they used to read, from each holding a host copy of it)."""
     model, opt, sched = _parts(tokenizer)
     ckpt = ck.save_checkpoint(tmp_path / "run", 1, model=model, tokenizer=tokenizer, optimizer=opt, scheduler=sched,
                               trainer_state={}, keep_last=5)

@@ -95,7 +95,7 @@ def test_a_results_json_that_is_not_a_demos_is_one_clear_error(cache, tmp_path, 
     out = tmp_path / "d"
     out.mkdir()
     (out / "results.json").write_text("[1, 2]\n")
-    rc = main(["demo", "--quick", "--workers", "1", "--out", str(out)])  # today: AttributeError, a traceback
+    rc = main(["demo", "--quick", "--workers", "1", "--out", str(out)])  # was: AttributeError, a traceback
     assert rc == 2
     assert "results.json" in capsys.readouterr().err
     assert (out / "results.json").read_text() == "[1, 2]\n"

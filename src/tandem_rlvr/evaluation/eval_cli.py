@@ -132,6 +132,8 @@ def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples, jun
     prompt = {k: getattr(opts, k) for k in _PROMPT_KEYS if getattr(opts, k) != eval_default(k)}
     if prompt:  # only where set: the parts of a run with the paper's prompt keep their fingerprints
         blob["prompt"] = prompt
+    if opts.reward_timeout_s != eval_default("reward_timeout_s"):  # a timed-out check scores 0
+        blob["reward_timeout_s"] = opts.reward_timeout_s
     junior_path = junior_path or opts.junior
     blob.update(senior=[senior_path, _stamp(senior_path)], junior=[junior_path, _stamp(junior_path)], source=source,
                 audit=2,  # 2: bits-per-byte legibility and cross-tokenizer pairs

@@ -190,19 +190,28 @@ class Job:
     shard: tuple[int, int] = (0, 1)
 
     def batches(self) -> list[list[tuple[int, int]]]:
-        """(problem, sample) rows, problems in prompt-length order so a batch pads little."""
+        """(problem, sample) rows, problems in prompt-length order so a batch pads little; a batch holds rows of
+        one response budget (:meth:`room`), so no chain is cut short by a longer prompt beside it."""
         prompts, n, size = self.problems.prompts, self.settings.n, self.settings.batch_size
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        rows = [(pi, si) for pi in order for si in range(n)]
-        return [rows[i:i + size] for i in range(0, len(rows), size)]
+        out: list[list[tuple[int, int]]] = []
+        for pi in order:
+            for si in range(n):
+                if not out or len(out[-1]) == size or self.room(out[-1][0][0]) != self.room(pi):
+                    out.append([])
+                out[-1].append((pi, si))
+        return out
+
+    def room(self, pi: int) -> int:
+        """Problem ``pi``'s response budget: ``max_new_tokens``, cut so its own prompt + response fit the context."""
+        budget = self.settings.sampling.max_new_tokens
+        if self.settings.context is None:
+            return budget
+        return max(1, min(budget, self.settings.context - len(self.problems.prompts[pi])))
 
     def budget(self, rows) -> Sampling:
-        """The sampling of the batch ``rows``: the response budget, cut so prompt + response fit the context."""
-        budget = self.settings.sampling.max_new_tokens
-        if self.settings.context is not None:
-            width = max(len(self.problems.prompts[pi]) for pi, _ in rows)  # the batch's left-padded width
-            budget = max(1, min(budget, self.settings.context - width))
-        return replace(self.settings.sampling, max_new_tokens=budget)
+        """The sampling of the batch ``rows`` (one budget: :meth:`batches`)."""
+        return replace(self.settings.sampling, max_new_tokens=min(self.room(pi) for pi, _ in rows))
 
     def seed(self, b: int) -> int:
         """The seed of batch ``b`` (the same in every mode: common random numbers)."""
@@ -294,7 +303,7 @@ def collect(job: Job, res: ModeResult, mode: str, rows, ro: Rollout, texts, rewa
 
 def pass_metrics(prefix: str, res: ModeResult, ks: Sequence[int]) -> dict:
     out = {f"{prefix}_pass@{k}": v for k, v in M.pass_at_ks(res.rewards, ks).items()}
-    out[f"{prefix}_pass@1_se"] = M.std_error([sum(r) / len(r) for r in res.rewards])
+    out[f"{prefix}_pass@1_se"] = M.std_error(M.pass1_per_problem(res.rewards))
     out[f"{prefix}_len"] = M.nanmean(res.n_tokens)
     out[f"{prefix}_finished"] = M.nanmean(res.finished)
     return out
@@ -327,7 +336,7 @@ def _legibility_metrics(res: ModeResult) -> dict:
 
 
 def tax_metrics(solo: ModeResult, hand: ModeResult) -> dict:
-    d = [sum(a) / len(a) - sum(b) / len(b) for a, b in zip(solo.rewards, hand.rewards)]
+    d = [a - b for a, b in zip(M.pass1_per_problem(solo.rewards), M.pass1_per_problem(hand.rewards))]
     return {"communication_tax": 100.0 * sum(d) / len(d), "communication_tax_se": 100.0 * M.std_error(d)}
 
 

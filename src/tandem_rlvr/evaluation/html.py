@@ -113,7 +113,7 @@ def chain_run(run_id: str, label: str, records, problems: dict | None = None) ->
         p = by_pid.setdefault(pid, {"id": pid, "gold": str(rec.get("gold", "")),
                                     "q": (problems or {}).get(pid, ""), "chains": {}})
         p["chains"].setdefault(rec["mode"], []).append(
-            [int(rec.get("sample", 0)), 1 if float(rec.get("reward", 0.0)) > 0.5 else 0, _answer(rec), _turns(rec)])
+            [int(rec.get("sample", 0)), 1 if float(rec.get("reward", 0.0)) >= 0.5 else 0, _answer(rec), _turns(rec)])
     for p in by_pid.values():
         for rows in p["chains"].values():
             rows.sort(key=lambda r: r[0])

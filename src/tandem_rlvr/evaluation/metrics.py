@@ -74,6 +74,12 @@ def mean_pass_at_k(rewards_per_problem: Sequence[Sequence[float]], k: int, thres
     return sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
 
 
+def pass1_per_problem(rewards_per_problem: Sequence[Sequence[float]], threshold: float = 0.5) -> list[float]:
+    """Each problem's share of correct samples (reward >= ``threshold``): its pass@1, the one the mean pass@1,
+    its standard error and the communication tax are made of (also for rewards that are not 0 or 1)."""
+    return [c / n for n, c in _correct_counts(rewards_per_problem, threshold)]
+
+
 def pass_at_ks(
     rewards_per_problem: Sequence[Sequence[float]], ks: Sequence[int] = DEFAULT_KS, threshold: float = 0.5
 ) -> dict[int, float]:
@@ -162,7 +168,8 @@ def nanmean(values) -> float:
 # ---------------------------------------------------------------------------------------------------
 
 COUNT_KEYS = ("n_problems", "n_chains", "n_skipped", "handoff_stops", "handoff_context_truncations",
-              "junior_bpb_empty_chains", "junior_bpb_truncated_chains", "junior_bpb_unscored_tokens")
+              "junior_bpb_empty_chains", "junior_bpb_truncated_chains", "junior_bpb_unscored_tokens",
+              "reward_stats")  # the verifier's checks, timeouts, errors and seconds
 
 
 def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
@@ -180,10 +187,10 @@ def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
     keys = [k for k in rows[0] if all(k in r for r in rows)]
     for key in keys:
         vals = [r[key] for r in rows]
-        if key in COUNT_KEYS and isinstance(vals[0], Mapping):  # counts by reason
-            out[key] = {s: int(sum(v.get(s, 0) for v in vals)) for s in vals[0]}
+        if key in COUNT_KEYS and isinstance(vals[0], Mapping):  # counts by reason (and seconds)
+            out[key] = {s: _total(v.get(s, 0) for v in vals) for s in vals[0]}
         elif key in COUNT_KEYS:
-            out[key] = int(sum(vals))
+            out[key] = _total(vals)
         elif key == "n_samples":
             out[key] = vals[0] if all(v == vals[0] for v in vals) else None
         elif isinstance(vals[0], str):  # a marker such as "n/a (different tokenizers)": kept when all agree
@@ -199,3 +206,10 @@ def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
         elif isinstance(vals[0], (int, float)) and not isinstance(vals[0], bool):
             out[key] = nanmean(vals)
     return out
+
+
+def _total(values) -> int | float:
+    """The sum of counts (an int) or of seconds (a float, where any value is one that is not whole)."""
+    vals = [float(v) for v in values]
+    total = sum(vals)
+    return int(total) if all(v.is_integer() for v in vals) else total
