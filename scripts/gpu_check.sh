@@ -9,7 +9,7 @@
 #   scripts/gpu_check.sh --cpu-smoke        # dry run: a tiny random Qwen3 on the CPU (~1 min)
 # vLLM arms run where vllm imports (--engines auto); without it the in-process arms run, and it says so.
 #
-# The interpreter: $PYTHON (default python3). A virtual environment (or conda env) is used as it is, and so
+# The interpreter: $PYTHON (default python3; for --cpu-smoke, .venv's where it exists). A virtual environment (or conda env) is used as it is, and so
 # is a base interpreter that imports torch and the dependencies; a base interpreter with torch but not the
 # dependencies gets a venv (GPU_CHECK_VENV, default .venv) with --system-site-packages (its torch) and a pip
 # install of the rest. torch is never installed here: install a CUDA build first. src/ goes on PYTHONPATH.
@@ -17,6 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${GPU_CHECK_VENV:-.venv}
+if [ -z "${PYTHON:-}" ] && [ -x "$VENV/bin/python" ] && [[ " $* " == *" --cpu-smoke "* ]]; then
+  PY="$VENV/bin/python"  # the CPU dry run: the project's environment (scripts/setup.sh's), where there is one
+fi
 
 if [ $# -eq 0 ]; then
   sed -n '2,/^set /p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'

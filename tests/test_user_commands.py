@@ -77,3 +77,17 @@ def test_the_readmes_eval_command_passes_its_checks_on_a_world_senior(cache, tmp
     monkeypatch.setattr(evaluate.EvalSettings, "of", staticmethod(stop))  # the first thing after the preflight
     with pytest.raises(PastTheChecks):
         main(argv)
+
+
+def test_train_overrides_may_follow_its_options():
+    """`tandem-rlvr train kl_reg --restart train.steps=2` was refused ('unrecognized arguments: train.steps=2'):
+    argparse takes no positional after an option. The overrides keep their order (a later one wins); another
+    command's stray argument, or an unknown option, is still refused."""
+    from tandem_rlvr.cli import _parse
+
+    a = _parse(["train", "kl_reg", "algo.lr=1e-5", "--restart", "train.steps=2", "algo.lr=2e-5"])
+    assert (a.config, a.overrides, a.restart) == ("kl_reg", ["algo.lr=1e-5", "train.steps=2", "algo.lr=2e-5"], True)
+    for argv in (["train", "kl_reg", "--restart", "--bogus"], ["eval", "--senior", "x", "y=z"]):
+        with pytest.raises(SystemExit) as e:
+            _parse(argv)
+        assert e.value.code == 2

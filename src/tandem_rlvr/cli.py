@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_eval)
 
     d = sub.add_parser("demo", help="the paper's experiment in the built-in arithmetic world, on a CPU")
-    d.add_argument("--quick", action="store_true", help="1 seed, fewer steps, smaller eval (under 2 minutes; direction only)")
+    d.add_argument("--quick", action="store_true", help="1 seed, fewer steps, smaller eval (under a minute on 2 idle cores; direction only)")
     d.add_argument("--junior", choices=("weak", "self"), default="weak",
                    help="weak: the world's weaker junior (default); self: a frozen copy of the senior's warm start")
     from tandem_rlvr.world.registry import DEFAULT_WORLD, WORLDS
@@ -159,6 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse(argv: list[str] | None):
+    """The command line; ``train``'s ``key=value`` overrides may also follow its options
+    (``train kl_reg --restart train.steps=2``), which argparse alone refuses after an option."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "train" and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; user errors print one clear line and exit 2 (``TANDEM_DEBUG=1`` shows tracebacks).
 
@@ -166,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     the process group are closed; a process of its own (``argv`` None) then exits with the code even where
     threads are still blocked (:class:`tandem_rlvr.training.watchdog.RunEnd`)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = _parse(argv)
     except SystemExit as e:  # argparse already printed usage and the error (or --help)
         return e.code if isinstance(e.code, int) else 2
     from tandem_rlvr.logs import quiet_libraries, setup_logging
