@@ -240,3 +240,26 @@ def test_the_merged_lora_senior_is_copied_tensor_by_tensor_to_the_cpu(tokenizer,
     assert all(torch.equal(mine[n], theirs[n]) and mine[n] is not theirs[n] for n in mine)
     base = copy_.get_base_model()
     assert base.lm_head.weight is base.model.embed_tokens.weight  # tied weights stay tied
+
+
+def test_saving_a_lora_senior_merges_the_cpu_copy_not_the_model(tokenizer, tmp_path, monkeypatch):
+    """``save_checkpoint`` (and so ``best/`` and ``final/``) of a LoRA senior goes through ``_cpu_copy``; the model
+    itself is neither copied on its device nor changed, and the saved weights are the merged ones."""
+    from peft import LoraConfig, get_peft_model
+
+    from tandem_rlvr.models import load_causal_lm
+
+    model = get_peft_model(make_tiny_model(len(tokenizer), 0, 16, layers=1),
+                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    copies = []
+    real = ck._cpu_copy
+    monkeypatch.setattr(ck, "_cpu_copy", lambda m: copies.append(m) or real(m))
+    ckpt = ck.save_checkpoint(tmp_path / "run", 1, model=model, tokenizer=tokenizer, optimizer=opt,
+                              scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), trainer_state={})
+    assert copies == [model]
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_causal_lm(str(ckpt))(input_ids=ids).logits, model(input_ids=ids).logits)

@@ -168,7 +168,7 @@ def test_every_torch_load_is_weights_only_and_no_unsafe_deserialisers():
     assert not bad, bad
     assert len(loads) >= 2, loads  # train_state.pt and lora_state.pt in checkpoint.py
     ckpt_src = (PKG / "training" / "checkpoint.py").read_text()
-    assert 'torch.load(ckpt / "train_state.pt", weights_only=True, map_location="cpu")' in ckpt_src
+    assert 'torch.load(ckpt / "train_state.pt", weights_only=True, map_location="cpu", mmap=True)' in ckpt_src
 
 
 # ------------------------------------------------------------------------------------------------

@@ -164,10 +164,16 @@ def _parse(argv: list[str] | None):
     (``train kl_reg --restart train.steps=2``), which argparse alone refuses after an option."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "train" and all("=" in x and not x.startswith("-") for x in extra):
-        args.overrides = [*args.overrides, *extra]
-    elif extra:
+    if not extra:
+        return args
+    if args.command != "train":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    extra = [x for x in extra if x != "--"]  # `train CONFIG --restart -- a=1`
+    bad = [x for x in extra if "=" not in x or x.startswith("-")]
+    if bad:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices["train"].error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = [*args.overrides, *extra]
     return args
 
 

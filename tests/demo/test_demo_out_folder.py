@@ -200,3 +200,54 @@ def test_a_second_demo_into_the_same_out_is_refused(cache, tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def _old_version_results(out: Path, paths) -> dict:
+    """A finished demo's results.json as the version before world builds were recorded wrote it."""
+    first = _demo(out)
+    old = json.loads((out / "results.json").read_text())
+    del old["world"]["build"], old["world"]["shipped"]
+    (out / "results.json").write_text(json.dumps(old))
+    return first
+
+
+def test_a_demo_of_an_older_version_without_a_world_build_still_resumes(cache, tmp_path, caplog):
+    out = tmp_path / "d"
+    first = _old_version_results(out, cache)
+    again = _demo(out)  # was refused: "another world build" (old results have none)
+    assert again.get("resumed") and again["warm_start"] == first["warm_start"]
+    assert "older version" in caplog.text
+
+
+def test_a_results_json_whose_world_is_not_a_mapping_is_one_clear_error(cache, tmp_path):
+    out = tmp_path / "d"
+    _demo(out)
+    data = json.loads((out / "results.json").read_text())
+    data["world"] = None
+    (out / "results.json").write_text(json.dumps(data))
+    with pytest.raises(TandemError, match="not a demo's results"):  # was: TypeError, a traceback
+        _demo(out)
+
+
+def test_rebuild_world_over_a_demo_is_refused_before_the_rebuild(cache, tmp_path, monkeypatch):
+    from tandem_rlvr.world import build
+
+    out = tmp_path / "d"
+    _demo(out)
+    monkeypatch.setattr(build, "build_world", lambda *a, **k: pytest.fail("the world was rebuilt before the refusal"))
+    with pytest.raises(TandemError, match="--rebuild-world"):
+        _demo(out, force_world=True)
+
+
+def test_the_second_demos_refusal_names_the_demos_option(cache, tmp_path):
+    from tandem_rlvr.training.runlock import RunLocked
+
+    out = tmp_path / "d"
+    out.mkdir()
+    holder = _hold_lock_elsewhere(out)
+    try:
+        with pytest.raises(RunLocked, match="another demo.*--out"):
+            _demo(out)
+    finally:
+        holder.kill()
+        holder.wait()

@@ -51,22 +51,23 @@ def test_lora_weights_are_merged_under_base_names(tok):
         torch.testing.assert_close(after[n], value)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_pushing_lora_weights_never_touches_the_frozen_base(tok, dtype):
+@pytest.mark.parametrize("dtype,targets", [(torch.bfloat16, ["q_proj", "v_proj"]), (torch.float32, ["q_proj", "v_proj"]),
+                                           (torch.float32, ["embed_tokens", "q_proj"])])
+def test_pushing_lora_weights_never_touches_the_frozen_base(tok, dtype, targets):
     """Each push merged the adapter into the base weights and unmerged it after: ``W + ΔW - ΔW`` rounds, so in
     bfloat16 a third of the adapted weights had moved after 20 pushes (the frozen base, which is also the
     self-paired junior). Now the merged weights are computed out of place: the base stays bit for bit, and what is
     pushed is peft's ``merge_and_unload`` exactly."""
     from peft import LoraConfig, get_peft_model
 
-    peft_model = get_peft_model(_model(tok, 2).to(dtype), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+    peft_model = get_peft_model(_model(tok, 2).to(dtype), LoraConfig(r=4, target_modules=targets,
                                                                      init_lora_weights=False))
     before = {n: p.detach().clone() for n, p in peft_model.named_parameters()}
     merged = dict(copy.deepcopy(peft_model).merge_and_unload().named_parameters())
     for _ in range(20):
         with engine_weights(peft_model) as weights:
             got = {n: w.clone() for n, w in weights}
-    assert all(torch.equal(got[n], merged[n]) for n in merged)
+    assert all(torch.equal(got[n], merged[n]) for n in merged), [n for n in merged if not torch.equal(got[n], merged[n])]
     assert all(torch.equal(p, before[n]) for n, p in peft_model.named_parameters())
 
 

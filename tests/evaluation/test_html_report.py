@@ -50,3 +50,11 @@ def test_chain_run_groups_by_problem_with_badges_answers_and_authors():
     assert p1["chains"]["solo"][0][:3] == [0, 1, "7"] and p1["chains"]["solo"][1][:3] == [1, 0, "3"]
     assert p1["chains"]["handoff"][0][1:] == [0, "5", [["s", "a"], ["j", " b \\boxed{5}"]]]
     assert p2["chains"]["curve-p0.5"][0][3][0] == ["j", "c"]
+
+
+def test_the_browsers_correct_badge_uses_the_metrics_threshold():
+    """A reward of exactly 0.5 counts as correct in pass@k (reward >= 0.5); the chain browser said wrong (> 0.5)."""
+    run = chain_run("r", "run", [_record("p1", 0, "solo", 0.5, [("senior", "x")]),
+                                 _record("p1", 1, "solo", 0.49, [("senior", "y")])])
+    rows = run["problems"][0]["chains"]["solo"]
+    assert [r[1] for r in rows] == [1, 0]

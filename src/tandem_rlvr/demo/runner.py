@@ -59,7 +59,11 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     out = Path(out_dir)
     _check_own(out)  # a folder of someone else's files: refused before anything is written into it
     out.mkdir(parents=True, exist_ok=True)
-    with runlock.acquire(out):  # a second demo into the same --out is refused, naming this one
+    try:
+        lock = runlock.acquire(out)  # a second demo into the same --out is refused, naming this one
+    except runlock.RunLocked as e:
+        raise runlock.RunLocked(str(e).replace("another run", "another demo").replace("train.out_dir", "--out")) from None
+    with lock:
         return _run(out, plan, junior, world, world_seed, force_world, budget, restart, workers)
 
 
@@ -69,6 +73,10 @@ def _run(out: Path, plan: DemoPlan, junior: str, world: str, world_seed, force_w
     from tandem_rlvr.world.build import build_id, build_world, is_shipped
 
     _check_own(out)  # again, under the lock
+    held = None if restart else _demo_results(out / "results.json")
+    if held is not None and force_world:  # checked before the rebuild changes the world this demo was made on
+        raise TandemError(f"{out} holds a demo: --rebuild-world would replace the world it was made on (and every "
+                          "later demo's); pass --restart too, or choose another --out")
     atomic_write_json(out / MARKER, {"written_by": "tandem-rlvr demo"})
     t0 = time.perf_counter()
     paths = build_world(force=force_world, world=world, **({} if world_seed is None else {"seed": world_seed}))
@@ -146,7 +154,8 @@ def _demo_results(path: Path) -> dict | None:
         old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return old if isinstance(old, dict) and isinstance(old.get("plan"), dict) else None
+    ok = isinstance(old, dict) and isinstance(old.get("plan"), dict) and isinstance(old.get("world", {}), dict)
+    return old if ok else None
 
 
 def _previous(out: Path, results: dict, restart: bool) -> dict:
@@ -162,7 +171,11 @@ def _previous(out: Path, results: dict, restart: bool) -> dict:
                           "--restart to replace it")
     was = {"name": DEFAULT_WORLD, **old.get("world", {})}
     differ = [k for k in ("plan", "junior") if old.get(k) != results[k]]
-    differ += [f"world {k}" for k in ("name", "senior", "build") if was.get(k) != results["world"][k]]
+    differ += [f"world {k}" for k in ("name", "senior", "build") if was.get(k) != results["world"][k]
+               and (k != "build" or "build" in was)]  # results of an older version name no build
+    if "build" not in was and not differ:
+        log.warning("%s was written by an older version, which recorded no world build: resuming on the world in "
+                    "the cache as it is now", path)
     if differ:
         raise TandemError(f"{out} holds a demo of another {', '.join(differ)}: pass --restart to replace it (its "
                           "results, report and runs), or choose another --out")

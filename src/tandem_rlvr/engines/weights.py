@@ -63,7 +63,7 @@ def _plain_lora_layers(model) -> dict | None:
     for name, m in model.named_modules():
         if not isinstance(m, LoraLayer):
             continue
-        active = [a for a in m.active_adapters if a in m.lora_A]
+        active = [a for a in m.active_adapters if a in m.lora_A or a in getattr(m, "lora_embedding_A", {})]
         if m.merged or any(a in getattr(m, "lora_variant", {}) or getattr(m, "lora_bias", {}).get(a) for a in active):
             return None
         if active:

@@ -169,7 +169,7 @@ def check_mixed_precision(cfg: Config, cuda: bool) -> None:
                           "use bf16 or no")
     if mp == "fp16" and cfg.model.dtype != "float32":  # the launch config's (the run config's is refused earlier)
         raise TandemError(f"{key} is fp16, which needs float32 weights (accelerate's loss scaler cannot unscale "
-                          f"fp16 gradients), but model.dtype is {cfg.model.dtype}: set model.dtype=float32, or bf16 "
+                          f"half-precision gradients), but model.dtype is {cfg.model.dtype}: set model.dtype=float32, or bf16 "
                           "or no mixed precision")
     if mp == "fp16" and cfg.train.fsdp != "off":
         raise TandemError(f"{key} is fp16, which train.fsdp={cfg.train.fsdp} does not support (no loss scaling for "

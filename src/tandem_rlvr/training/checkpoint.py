@@ -237,10 +237,11 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bo
     sharded = sharded_main is not None
     weights = weight_files(ckpt, trust_unverified)
     # to the CPU first: a GPU run's file names cuda:0 (rank 0 wrote it), where every process would otherwise
-    # build the whole optimizer state before load_state_dict moves it to its own device
-    ts = torch.load(ckpt / "train_state.pt", weights_only=True, map_location="cpu")
+    # build the whole optimizer state before load_state_dict moves it to its own device; memory-mapped, so a process
+    # that does not use the optimizer state (FSDP's other ranks) never reads it
+    ts = torch.load(ckpt / "train_state.pt", weights_only=True, map_location="cpu", mmap=True)
     if hasattr(model, "peft_config"):
-        lora = torch.load(ckpt / "lora_state.pt", weights_only=True, map_location="cpu")
+        lora = torch.load(ckpt / "lora_state.pt", weights_only=True, map_location="cpu", mmap=True)
         missing = model.load_state_dict(lora, strict=False)
         del missing
     else:
