@@ -91,3 +91,19 @@ def test_train_overrides_may_follow_its_options():
         with pytest.raises(SystemExit) as e:
             _parse(argv)
         assert e.value.code == 2
+
+
+def test_each_demo_setting_has_its_own_default_out(monkeypatch):
+    """docs/demo.md lists the demo's settings one after another, without --out: each must land in a folder of its
+    own (one --out holds one demo, and another demo's results there are refused), the default demo in demo_out."""
+    from tandem_rlvr import demo
+    from tandem_rlvr.cli import main
+
+    seen = []
+    monkeypatch.setattr(demo, "run_demo", lambda out_dir, **kw: seen.append(out_dir))
+    for argv in ([], ["--quick"], ["--junior", "self", "--seeds", "3"], ["--world", "shorthand", "--junior", "self"],
+                 ["--world", "slips", "--junior", "self", "--kl-betas", "none", "--budget", "64"],
+                 ["--quick", "--out", "mine"]):
+        assert main(["demo", *argv]) == 0
+    assert seen == ["demo_out", "demo_out-quick", "demo_out-self-seeds3", "demo_out-shorthand-self",
+                    "demo_out-slips-self-b64-kl-none", "mine"]

@@ -33,10 +33,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from tandem_rlvr.demo import run_demo
+    from tandem_rlvr.demo.runner import default_out
 
-    run_demo(out_dir=args.out, quick=args.quick, seeds=args.seeds, force_world=args.rebuild_world,
-             restart=args.restart, workers=args.workers, junior=args.junior, world=args.world,
-             world_seed=args.world_seed, budget=args.budget, kl_betas=args.kl_betas)
+    setting = dict(quick=args.quick, seeds=args.seeds, junior=args.junior, world=args.world,
+                   world_seed=args.world_seed, budget=args.budget, kl_betas=args.kl_betas)
+    run_demo(out_dir=args.out or default_out(**setting), force_world=args.rebuild_world, restart=args.restart,
+             workers=args.workers, **setting)
     return 0
 
 
@@ -132,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--world", choices=tuple(WORLDS), default=DEFAULT_WORLD,
                    help="; ".join(f"{w.name}: {w.description}" for w in WORLDS.values()))
     d.add_argument("--seeds", type=int, default=None, help="seeds per run (default 5; 1 with --quick)")
-    d.add_argument("--out", default="demo_out", help="output directory")
+    d.add_argument("--out", default=None, help="output directory (default: demo_out for the default demo, a folder "
+                   "of its own for another setting, e.g. demo_out-quick, demo_out-shorthand-self)")
     d.add_argument("--rebuild-world", action="store_true", help="rebuild the cached world models")
     d.add_argument("--restart", action="store_true", help="start over instead of resuming an interrupted demo in --out")
     d.add_argument("--workers", type=int, default=None,

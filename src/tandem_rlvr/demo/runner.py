@@ -67,6 +67,18 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
         return _run(out, plan, junior, world, world_seed, force_world, budget, restart, workers)
 
 
+def default_out(*, quick: bool = False, seeds: int | None = None, junior: str = "weak", world: str = DEFAULT_WORLD,
+                budget: int | None = None, world_seed: int | None = None, kl_betas=None) -> str:
+    """The command's ``--out`` when none is given: ``demo_out`` for the default demo, and a folder of its own for
+    another setting (``demo_out-quick``, ``demo_out-shorthand-self``, ``demo_out-slips-self-b64-kl-none``), so
+    docs/demo.md's commands run one after another keep every demo (one --out holds one demo)."""
+    betas = None if kl_betas is None else ("kl-" + "_".join(f"{float(b):g}" for b in kl_betas) if kl_betas else "kl-none")
+    parts = [world if world != DEFAULT_WORLD else None, "self" if junior == "self" else None, "quick" if quick else None,
+             f"seeds{seeds}" if seeds is not None else None, f"b{budget}" if budget is not None else None,
+             f"ws{world_seed}" if world_seed is not None else None, betas]
+    return "-".join(["demo_out", *(p for p in parts if p)])
+
+
 def _run(out: Path, plan: DemoPlan, junior: str, world: str, world_seed, force_world: bool, budget, restart: bool,
          workers) -> dict:
     from tandem_rlvr.demo.report import write_report
