@@ -8,12 +8,11 @@ Tiny random Qwen2 models on the fixture tokenizer, or hand-made inputs to the me
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
-import torch
 
 from helpers.tiny_models import bias_token, make_tiny_model
+from tandem_rlvr.data import Example as _Ex
 from tandem_rlvr.evaluation import metrics as M
 from tandem_rlvr.evaluation.evaluate import (
     EvalSettings,
@@ -25,19 +24,6 @@ from tandem_rlvr.evaluation.evaluate import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@dataclass(frozen=True)
-class _Ex:
-    id: str
-    problem: str
-    answer: str
 
 
 def _never_ending_senior(tokenizer):
