@@ -261,5 +261,7 @@ def test_saving_a_lora_senior_merges_the_cpu_copy_not_the_model(tokenizer, tmp_p
     assert copies == [model]
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
     ids = torch.tensor([[1, 2, 3, 4]])
-    with torch.no_grad():
-        torch.testing.assert_close(load_causal_lm(str(ckpt))(input_ids=ids).logits, model(input_ids=ids).logits)
+    from helpers.numeric import assert_close_to_scale
+
+    with torch.no_grad():  # merged W + BA against the adapter's own forward: float order, as tests/training/test_lora.py
+        assert_close_to_scale(load_causal_lm(str(ckpt))(input_ids=ids).logits, model(input_ids=ids).logits, ulps=2048)

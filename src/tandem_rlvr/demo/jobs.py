@@ -10,6 +10,8 @@ the same. Each process loads the world's models and splits once and keeps them f
 
 from __future__ import annotations
 
+import contextlib
+
 import copy
 import json
 import logging
@@ -146,10 +148,8 @@ def run_parallel(ctx: JobContext, todo: list, n: int):
     for arm, seed in todo:  # a killed run's leftovers would count as progress before its job restarts it
         if arm is not None:  # only a run's own files (else refused, naming one), and not while a live process trains it
             run_dir = out / "runs" / f"{arm}-seed{seed}"
-            if not (run_dir / runlock.LOCK_NAME).exists():  # no process ever ran it: nothing of a live run there
-                clear_run(run_dir)
-                continue
-            with runlock.acquire(run_dir):
+            ran = (run_dir / runlock.LOCK_NAME).exists()  # no lock file: no process ever ran it, none runs it now
+            with runlock.acquire(run_dir) if ran else contextlib.nullcontext():
                 clear_run(run_dir)
     unit = _eval_units(plan)
 

@@ -59,11 +59,7 @@ def run_demo(out_dir: str | Path = "demo_out", *, quick: bool = False, seeds: in
     out = Path(out_dir)
     _check_own(out)  # a folder of someone else's files: refused before anything is written into it
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = runlock.acquire(out)  # a second demo into the same --out is refused, naming this one
-    except runlock.RunLocked as e:
-        raise runlock.RunLocked(str(e).replace("another run", "another demo").replace("train.out_dir", "--out")) from None
-    with lock:
+    with runlock.acquire(out, what="demo", option="--out"):  # a second demo into the same --out is refused
         return _run(out, plan, junior, world, world_seed, force_world, budget, restart, workers)
 
 
@@ -85,8 +81,8 @@ def _run(out: Path, plan: DemoPlan, junior: str, world: str, world_seed, force_w
     from tandem_rlvr.world.build import build_id, build_world, is_shipped
 
     _check_own(out)  # again, under the lock
-    held = None if restart else _demo_results(out / "results.json")
-    if held is not None and force_world:  # checked before the rebuild changes the world this demo was made on
+    prior = None if restart else _demo_results(out / "results.json")  # read once: the rebuild check and the resume
+    if prior is not None and force_world:  # checked before the rebuild changes the world this demo was made on
         raise TandemError(f"{out} holds a demo: --rebuild-world would replace the world it was made on (and every "
                           "later demo's); pass --restart too, or choose another --out")
     atomic_write_json(out / MARKER, {"written_by": "tandem-rlvr demo"})
@@ -102,7 +98,7 @@ def _run(out: Path, plan: DemoPlan, junior: str, world: str, world_seed, force_w
                          "build_s": time.perf_counter() - t0},
                "warm_start": {}, "arms": {r: {} for r in run_names(plan)}, "curves": {r: {} for r in run_names(plan)},
                "senior_alone_step0": {}}
-    results = _previous(out, results, restart)
+    results = _previous(out, results, restart, prior)
     _write_problems(out, plan, world)
     todo = _pending(results, plan)
     n = n_workers(workers, len(todo))
@@ -170,14 +166,14 @@ def _demo_results(path: Path) -> dict | None:
     return old if ok else None
 
 
-def _previous(out: Path, results: dict, restart: bool) -> dict:
+def _previous(out: Path, results: dict, restart: bool, old: dict | None) -> dict:
     """Results of an earlier run of the same plan, world build and junior in ``out`` (so a killed demo resumes
     after its last finished evaluation); ``results`` (empty) when there is none or ``restart``. Another demo's
-    results are refused without ``restart`` (one line naming what differs): never replaced by surprise."""
+    results are refused without ``restart`` (one line naming what differs): never replaced by surprise. ``old``:
+    :func:`_demo_results` of ``out/results.json``."""
     path = out / "results.json"
     if restart or not path.exists():
         return results
-    old = _demo_results(path)
     if old is None:
         raise TandemError(f"{path} is not a demo's results (unreadable, or no plan in it): move it away, or pass "
                           "--restart to replace it")

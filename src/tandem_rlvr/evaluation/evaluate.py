@@ -195,9 +195,13 @@ class Job:
         prompts, n, size = self.problems.prompts, self.settings.n, self.settings.batch_size
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         out: list[list[tuple[int, int]]] = []
+        room = None  # the last batch's budget
         for pi in order:
+            if self.room(pi) != room:
+                room = self.room(pi)
+                out.append([])
             for si in range(n):
-                if not out or len(out[-1]) == size or self.room(out[-1][0][0]) != self.room(pi):
+                if len(out[-1]) == size:
                     out.append([])
                 out[-1].append((pi, si))
         return out

@@ -77,9 +77,9 @@ def holder(path: Path) -> str:
         return "a process that has not written its name yet"
 
 
-def acquire(run_dir: str | Path) -> RunLock:
+def acquire(run_dir: str | Path, *, what: str = "run", option: str = "train.out_dir") -> RunLock:
     """Take the lock of ``run_dir`` (created if needed) without waiting; :class:`RunLocked` naming the holder
-    if another live process has it."""
+    if another live process has it (in the words of the caller: ``what`` it is, the ``option`` that names it)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
@@ -93,8 +93,8 @@ def acquire(run_dir: str | Path) -> RunLock:
     except OSError as e:
         os.close(fd)
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunLocked(f"run directory {str(run_dir)!r} is in use by another run ({holder(path)}; lock file "
-                            f"{path}): wait for it to end, stop it, or choose another train.out_dir") from None
+            raise RunLocked(f"{what} directory {str(run_dir)!r} is in use by another {what} ({holder(path)}; lock "
+                            f"file {path}): wait for it to end, stop it, or choose another {option}") from None
         log.warning("could not lock %s (%s): this file system has no locks; nothing stops a second run on %s",
                     path, e.strerror, run_dir)
         return RunLock(path)
