@@ -461,3 +461,54 @@ def test_a_mixture_of_experts_keeps_every_row():
     assert routes_experts(SimpleNamespace(config=SimpleNamespace(num_local_experts=4, num_experts=None)))
     assert not routes_experts(SimpleNamespace(config=SimpleNamespace(num_experts=0)))
     assert not routes_experts(make_tiny_model(64, 0, 16))
+
+
+def test_each_chunks_forward_runs_inside_its_gradient_sync_context(tmp_path, tokenizer, trainer_parts, monkeypatch):
+    """DDP decides in the forward whether the backward all-reduces (torch's ``no_sync`` docstring), so a chunk's
+    forward must run inside ``no_sync_unless_last``, not only its backward: else every micro-batch all-reduces."""
+    import contextlib
+
+    from tandem_rlvr.engines import fastpath
+    from tandem_rlvr.training import dist
+    from tandem_rlvr.training import trainer as trainer_mod
+
+    monkeypatch.setattr(fastpath, "SKIP_ZERO_ADVANTAGE", False)  # every row in a chunk: 6, 6 and 4 of 16
+    inside, seen = [None], []
+    real_logps = trainer_mod.sequence_logps
+
+    @contextlib.contextmanager
+    def sync(acc, model, last):
+        inside[0] = last
+        try:
+            yield
+        finally:
+            inside[0] = None
+
+    def logps(*a, **kw):
+        if torch.is_grad_enabled():  # the update's own forwards, not the no-grad scoring
+            seen.append(inside[0])
+        return real_logps(*a, **kw)
+
+    monkeypatch.setattr(dist, "no_sync_unless_last", sync)
+    monkeypatch.setattr(trainer_mod, "sequence_logps", logps)
+    _one_step(tmp_path, tokenizer, trainer_parts, "algo.micro_batch=6")
+    assert seen == [False, False, True]
+
+
+def test_a_sharded_senior_reduce_scatters_every_micro_batch(monkeypatch):
+    """FSDP2 without gradient sync keeps each rank's whole unsharded float32 gradient until the last micro-batch;
+    a sharded senior therefore syncs every one, and DDP (unsharded, several processes) skips all but the last."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from tandem_rlvr.training import dist, fsdp
+
+    skipped = object()
+    acc = SimpleNamespace(num_processes=2, no_sync=lambda model: skipped)
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(fsdp, "is_sharded", lambda m: True)
+    assert isinstance(dist.no_sync_unless_last(acc, model, False), contextlib.nullcontext)
+    monkeypatch.setattr(fsdp, "is_sharded", lambda m: False)
+    assert dist.no_sync_unless_last(acc, model, False) is skipped
+    assert isinstance(dist.no_sync_unless_last(acc, model, True), contextlib.nullcontext)
+    assert isinstance(dist.no_sync_unless_last(SimpleNamespace(num_processes=1), model, False), contextlib.nullcontext)

@@ -46,23 +46,15 @@ def reduce_scalar(acc, value: float, op: str) -> float:
 
 
 def no_sync_unless_last(acc, model, is_last: bool):
-    """Skip the gradient all-reduce (DDP) or reduce-scatter (FSDP2) on all but the last micro-batch."""
+    """Skip DDP's gradient all-reduce on all but the last micro-batch; enter it around the forward and the
+    backward (DDP decides in the forward). A sharded senior (FSDP2) reduce-scatters every micro-batch: skipped,
+    each rank would hold the whole unsharded float32 gradient until the last one (16 GB for a 4B senior),
+    where sharding is what FSDP is for."""
     from tandem_rlvr.training import fsdp
 
-    if fsdp.is_sharded(model):
-        return _fsdp_sync(model, is_last)
-    if not is_last and acc.num_processes > 1:
+    if not is_last and acc.num_processes > 1 and not fsdp.is_sharded(model):
         return acc.no_sync(model)
     return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _fsdp_sync(model, enabled: bool):
-    model.set_requires_gradient_sync(enabled)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
 
 
 def gather_objects(acc, obj) -> list:

@@ -213,15 +213,16 @@ class Trainer:
         prefix = read_prompts(self.senior, rollout, rows, max_prompts=micro) if n_proc == 1 else None
         parts = []
         for i, r in enumerate(chunks):
-            logps = sequence_logps(self.senior, rollout, cfg.rollout.temperature, rows=r, prefix=prefix)
-            loss, met = core.policy_loss(
-                logps, old[r], adv_B[r], mask[r], loss_type=cfg.algo.loss_type, clip_eps=cfg.algo.clip_eps,
-                clip_eps_high=cfg.algo.clip_eps_high, kl_beta=plan.kl_beta,
-                ref_logps_BT=junior_lp[r] if plan.kl_beta > 0 else None,
-                num_tokens=n_tok, max_len=max_len, kl_clamp=cfg.algo.kl_clamp or None, allow_empty=True,
-            )
-            weight, share = core.chunk_weight(cfg.algo.loss_type, len(r), n_rows, n_proc)
+            # the forward too: DDP decides in the forward whether the backward all-reduces
             with dist.no_sync_unless_last(self.acc, self.senior, i == len(chunks) - 1):
+                logps = sequence_logps(self.senior, rollout, cfg.rollout.temperature, rows=r, prefix=prefix)
+                loss, met = core.policy_loss(
+                    logps, old[r], adv_B[r], mask[r], loss_type=cfg.algo.loss_type, clip_eps=cfg.algo.clip_eps,
+                    clip_eps_high=cfg.algo.clip_eps_high, kl_beta=plan.kl_beta,
+                    ref_logps_BT=junior_lp[r] if plan.kl_beta > 0 else None,
+                    num_tokens=n_tok, max_len=max_len, kl_clamp=cfg.algo.kl_clamp or None, allow_empty=True,
+                )
+                weight, share = core.chunk_weight(cfg.algo.loss_type, len(r), n_rows, n_proc)
                 self.acc.backward(loss * weight)
             met = {k: _num(v) for k, v in met.items()}
             parts.append(met | {"train/loss": _num(loss) * share, "train/pg_loss": met.get("train/pg_loss", 0.0) * share})
