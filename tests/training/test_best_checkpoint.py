@@ -72,3 +72,41 @@ def test_the_trainer_keeps_the_selected_step_and_says_so(tmp_path, model_dirs, m
     assert best == {"metric": "val/pass@2", "value": value, "step": step}
     assert published and published[-1] == best and [b["step"] for b in published] == sorted({b["step"] for b in published})
     assert (run / "best" / "model.safetensors").is_file()
+
+
+def test_a_run_killed_between_best_and_its_first_checkpoint_reruns_and_rewrites_best(tmp_path, model_dirs, monkeypatch):
+    """Validation publishes best/ at step 2, then the kill comes before that step's (the first) checkpoint: the
+    same command reruns from step 0 (best/ is this run's own, best.json says from which step) instead of refusing,
+    and writes best/ anew."""
+    from tandem_rlvr.cli import main
+    from tandem_rlvr.training import checkpoint as ck
+    from tandem_rlvr.training import trainer as trainer_mod
+
+    class Killed(Exception):
+        pass
+
+    def killed(self):
+        raise Killed("planted kill before the step's checkpoint")
+
+    cfg = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=3,
+                       save_every=2)
+    c = yaml.safe_load(cfg.read_text())
+    c["val"] = {"data": c["data"]["train"], "every": 2, "n": 2, "limit": 2, "select": "pass@2"}
+    cfg.write_text(yaml.safe_dump(c))
+    with monkeypatch.context() as m:
+        m.setattr(trainer_mod.Trainer, "save", killed)
+        with pytest.raises(Killed):
+            main(["train", str(cfg)])
+    run = tmp_path / "run"
+    assert json.loads((run / "best" / "best.json").read_text())["step"] == 2
+    assert not ck.complete_checkpoints(run) and not (run / "final").exists()
+    published, real_publish = [], ck.publish_dir
+
+    def publish(tmp, final):
+        published.append(Path(final).name)
+        real_publish(tmp, final)
+
+    monkeypatch.setattr(ck, "publish_dir", publish)
+    assert main(["train", str(cfg)]) == 0
+    assert published.count("best") >= 1 and (run / "final").is_dir()
+    assert [r["step"] for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines())] == [1, 2, 3]

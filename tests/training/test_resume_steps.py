@@ -101,3 +101,34 @@ def test_resume_executes_only_the_remaining_steps_and_ends_bit_exact(tmp_path, t
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "resumed weights are not bit-exact"
     first_w = load_file(str(run / "checkpoints" / f"step-{ckpt_step}" / "model.safetensors"))
     assert any(not torch.equal(first_w[k], a[k]) for k in a), "the resumed steps must change the weights"
+
+
+def test_train_steps_lowered_below_the_newest_checkpoint_is_refused(tmp_path):
+    """A run checkpointed at step 4 (its end), rerun with train.steps=2: it cannot resume to an earlier step (it
+    would call the step-4 senior the 2-step run's), so the rerun stops in one line, changing nothing; train.steps
+    equal to the checkpoint's step (nothing left to train) or above it resumes."""
+    from tandem_rlvr import integrity
+    from tandem_rlvr.errors import TandemError
+    from tandem_rlvr.training import checkpoint as ck, rundir
+
+    run = tmp_path / "run"
+
+    def cfg(steps):
+        return load_config(None, ["model.senior=s", "model.junior=j", f"train.out_dir={run}", f"train.steps={steps}",
+                                  "train.save_every=2"])
+
+    assert rundir.prepare(run, cfg(4), restart=False) is None
+    for step in (2, 4):
+        d = run / "checkpoints" / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"step": step}))
+        integrity.write_checksums(d)
+        (d / ck.MARKER).write_text("ok\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 5)))
+    saved = (run / "config.yaml").read_text()
+    with pytest.raises(TandemError, match=r"train.steps=2 is below the step of this run's newest checkpoint") as e:
+        rundir.prepare(run, cfg(2), restart=False)
+    assert "step-4" in str(e.value) and "\n" not in str(e.value)
+    assert (run / "config.yaml").read_text() == saved and len((run / "metrics.jsonl").read_text().splitlines()) == 4
+    assert rundir.prepare(run, cfg(4), restart=False) == run / "checkpoints" / "step-4"
+    assert rundir.prepare(run, cfg(6), restart=False) == run / "checkpoints" / "step-4"

@@ -9,6 +9,7 @@ lock file does not block the next run; in a multi-process run the main process's
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -82,9 +83,17 @@ def _cfg(run: Path, *over):
     return load_config(None, ["model.senior=s", "model.junior=j", f"train.out_dir={run}", *over])
 
 
+def _make_run(run: Path, rel_paths=RUN_TREE) -> None:
+    """``rel_paths`` under ``run``, with the ``config.yaml`` a run writes (a restart refuses any other)."""
+    from tandem_rlvr.config import save_config
+
+    _make(run, rel_paths)
+    save_config(_cfg(run), run / "config.yaml")
+
+
 def test_restart_empties_a_directory_that_holds_only_a_runs_files(tmp_path):
     run = tmp_path / "run"
-    _make(run, RUN_TREE)
+    _make_run(run)
     assert rundir.first_foreign(run) is None
     assert rundir.prepare(run, _cfg(run), restart=True) is None
     assert run.is_dir() and sorted(p.name for p in run.iterdir()) == ["config.yaml", "run.lock"]
@@ -154,6 +163,78 @@ def test_a_run_that_cannot_be_resumed_is_not_started_over_without_restart(tmp_pa
     assert _tree(run) == before
     assert rundir.prepare(run, cfg, restart=True) is None
     assert not (run / "metrics.jsonl").exists() and not (run / left[0]).exists()
+
+
+def _best(run: Path, step: int) -> None:
+    _make(run, ["best/model.safetensors", "checkpoints/.tmp-step-2/model.safetensors"])
+    (run / "best" / "best.json").write_text(json.dumps({"metric": "val/pass@1", "value": 0.5, "step": step}))
+
+
+def test_a_run_killed_between_best_and_its_first_checkpoint_starts_over(tmp_path):
+    """best/ written by this run's validation before its first checkpoint (best.json's step and every metrics row
+    up to the run's train.save_every): a fresh start retrains (and rewrites best/); a best/ of a later step (its
+    checkpoints are gone) or of a run with another config is still refused, and nothing changes."""
+    run = tmp_path / "run"
+    cfg = _cfg(run, "train.save_every=2")
+    assert rundir.prepare(run, cfg, restart=False) is None
+    _best(run, step=2)  # val.every 2 == save_every: best/ at step 2, killed before step-2's checkpoint
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    assert rundir.prepare(run, cfg, restart=False) is None and (run / "best" / "best.json").is_file()
+    with pytest.raises(TandemError, match=r"different config \(algo.lr") as e:
+        rundir.prepare(run, _cfg(run, "train.save_every=2", "algo.lr=0.5"), restart=False)
+    assert "\n" not in str(e.value)
+    (run / "metrics.jsonl").unlink()  # killed before its first metrics row: best/ alone still names the run
+    with pytest.raises(TandemError, match="different config"):
+        rundir.prepare(run, _cfg(run, "train.save_every=2", "algo.lr=0.5"), restart=False)
+    _best(run, step=4)  # past the first checkpoint, which is gone: retraining would lose it
+    before = _tree(run)
+    with pytest.raises(TandemError, match=r"cannot be resumed: it holds this run's saved model \(best/\)"):
+        rundir.prepare(run, cfg, restart=False)
+    assert _tree(run) == before
+
+
+def test_the_same_run_directory_spelled_another_way_resumes(tmp_path, monkeypatch):
+    """train.out_dir `run`, `run/` or the absolute path name one folder: not "a different config"."""
+    monkeypatch.chdir(tmp_path)
+    assert rundir.prepare(Path("run"), _cfg(Path("run")), restart=False) is None
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    for spelling in ("run/", str(tmp_path / "run"), "./run"):
+        cfg = _cfg(Path("run"))
+        cfg.train.out_dir = spelling
+        assert rundir.prepare(Path(spelling), cfg, restart=False) is None
+
+
+def test_restart_refuses_a_users_own_config_yaml_and_keeps_it(tmp_path):
+    """A config the user keeps as train.out_dir/config.yaml (not every section of a run's): a fresh start
+    refuses it as no run's file, and so does --restart, deleting nothing."""
+    run = tmp_path / "run"
+    _make(run, ["metrics.jsonl"])
+    (run / "config.yaml").write_text("# my notes: keep this file\nmodel:\n  senior: s\n  junior: j\n")
+    before = _tree(run)
+    for call in (rundir.prepare, rundir.open_run):
+        with pytest.raises(TandemError, match="--restart refused") as e:
+            call(run, _cfg(run), restart=True)
+        assert "config.yaml" in str(e.value) and "nothing was deleted" in str(e.value) and "\n" not in str(e.value)
+    assert _tree(run) == before
+
+
+@pytest.mark.parametrize("text,why", [("model:\n\tsenior: x\n", "cannot start any token at line 2"),
+                                      ("- a\n", "holds a list, not a mapping"),
+                                      (b"\xff\xfe", "can't decode")])
+def test_a_damaged_run_config_is_one_line_naming_it(tmp_path, text, why):
+    """A run's config.yaml edited by hand (bad YAML, not a mapping, not text) stops a resume in one line naming
+    the file, with nothing changed."""
+    run = tmp_path / "run"
+    cfg = _cfg(run)
+    assert rundir.prepare(run, cfg, restart=False) is None
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    config = run / "config.yaml"
+    config.write_bytes(text if isinstance(text, bytes) else text.encode())
+    before = _tree(run) if not isinstance(text, bytes) else None
+    with pytest.raises(TandemError) as e:
+        rundir.prepare(run, cfg, restart=False)
+    assert str(config) in str(e.value) and why in str(e.value) and "\n" not in str(e.value)
+    assert before is None or _tree(run) == before
 
 
 def test_aim_folder_is_a_runs_own_when_its_config_names_the_tracker(tmp_path):
@@ -247,12 +328,45 @@ def test_a_second_process_is_refused_naming_the_holder_and_a_killed_holder_never
         pass
 
 
+def test_a_run_lock_symlink_is_never_written_through(tmp_path):
+    """run.lock a symbolic link (to a user's file) or a folder: refused in one line naming it, nothing changed."""
+    run, precious = tmp_path / "run", tmp_path / "important.txt"
+    precious.write_text("precious user text")
+    run.mkdir()
+    (run / "run.lock").symlink_to(precious)
+    for call in (lambda: runlock.acquire(run), lambda: rundir.open_run(run, _cfg(run), restart=False)):
+        with pytest.raises(TandemError, match="holds 'run.lock', which is not a lock file a run wrote") as e:
+            call()
+        assert "symbolic link" in str(e.value) and "\n" not in str(e.value)
+    assert precious.read_text() == "precious user text" and (run / "run.lock").is_symlink()
+    (run / "run.lock").unlink()
+    (run / "run.lock").mkdir()
+    with pytest.raises(TandemError, match="which is not a lock file"):
+        runlock.acquire(run)
+
+
+def test_a_refused_run_leaves_a_foreign_folder_without_a_lock_file(tmp_path):
+    """A fresh run refused in a user's folder removes the run.lock it created (and only that one)."""
+    run = tmp_path / "data"
+    _make(run, ["notes.txt"])
+    before = _tree(run)
+    with pytest.raises(TandemError, match="not a tandem-rlvr run's file"):
+        rundir.open_run(run, _cfg(run), restart=False)
+    assert _tree(run) == before
+    (run / "run.lock").write_text("")  # one that was there stays (it may be another process's lock file)
+    with pytest.raises(TandemError, match="not a tandem-rlvr run's file"):
+        rundir.open_run(run, _cfg(run), restart=False)
+    assert (run / "run.lock").exists()
+    with runlock.acquire(run):  # and the lock is free again
+        pass
+
+
 def test_a_second_run_on_a_held_directory_deletes_nothing_even_with_restart(tmp_path, model_dirs, capsys):
     from tandem_rlvr.cli import main
 
     cfg = write_config(tmp_path, model_dirs, steps=1, save_every=0)
     run = tmp_path / "run"
-    _make(run, ["config.yaml", "metrics.jsonl", "checkpoints/step-1/COMPLETE"])
+    _make_run(run, ["metrics.jsonl", "checkpoints/step-1/COMPLETE"])
     p = _holder(run)
     try:
         before = _tree(run)
@@ -329,9 +443,43 @@ def test_every_rank_stops_with_the_main_processs_lock_verdict(tmp_path, monkeypa
         _kill(p)
     sent.clear()
     lock, resume = build._prepare_run_dir(_Rank(0), cfg, restart=False)  # free now: rank 0 holds it
-    assert isinstance(lock, runlock.RunLock) and resume is None and sent == [[None]]
+    assert isinstance(lock, runlock.RunLock) and resume is None and sent == [[None, None]]
     assert build._prepare_run_dir(_Rank(1), cfg, restart=False) == (None, None)  # other ranks hold nothing
     lock.release()
+
+
+def test_every_rank_takes_the_main_processs_checkpoint_and_error(tmp_path, monkeypatch):
+    """Rank 0's decision is broadcast: the other ranks resume from the checkpoint it chose (never one they find
+    themselves: a shared file system may show them another) and stop on any error it met, which rank 0 raises
+    itself as it was."""
+    import accelerate.utils
+
+    from tandem_rlvr.training import build
+
+    run, cfg, sent, chosen = tmp_path / "run", _cfg(tmp_path / "run"), [], tmp_path / "run" / "checkpoints" / "step-4"
+
+    def broadcast(objs, from_process=0):
+        if not sent:
+            sent.append(list(objs))
+        else:
+            objs[:] = sent[0]
+        return objs
+
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(rundir, "open_run", lambda *a: ("lock", chosen))
+    assert build._prepare_run_dir(_Rank(0), cfg, restart=False) == ("lock", chosen)
+    assert build._prepare_run_dir(_Rank(1), cfg, restart=False) == (None, chosen)  # nothing at run/ here
+    sent.clear()
+
+    def fail(*a):
+        raise PermissionError(13, "Permission denied", str(run / "config.yaml"))
+
+    monkeypatch.setattr(rundir, "open_run", fail)
+    with pytest.raises(PermissionError):
+        build._prepare_run_dir(_Rank(0), cfg, restart=False)
+    with pytest.raises(TandemError, match="main process failed to prepare the run directory") as e:
+        build._prepare_run_dir(_Rank(1), cfg, restart=False)
+    assert "Permission denied" in str(e.value) and "config.yaml" in str(e.value)
 
 
 @pytest.mark.slow
@@ -346,7 +494,7 @@ def test_two_launched_processes_both_refuse_a_held_directory(tmp_path, model_dir
     cfg = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, steps=1,
                        save_every=0)
     run = tmp_path / "run"
-    _make(run, ["config.yaml", "metrics.jsonl"])
+    _make_run(run, ["metrics.jsonl"])
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"

@@ -10,6 +10,7 @@ receives the parts and makes nothing itself (:func:`~tandem_rlvr.training.traine
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import random
@@ -27,7 +28,6 @@ from tandem_rlvr.engines.handoff import Schedule, make_schedule
 from tandem_rlvr.engines.schedules import config_params
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.rewards import import_reward
-from tandem_rlvr.training import checkpoint as ckpt_mod
 from tandem_rlvr.training import dist, fsdp, preempt, rundir
 from tandem_rlvr.training.arms import arm_plan
 from tandem_rlvr.training.engine_spec import training_engine
@@ -97,6 +97,9 @@ def _build_parts(cfg, acc, lock, resume_from, plan, pair, reward_fn, examples, t
     if cfg.mini_batch_prompts() % acc.num_processes:
         raise TandemError(f"algo.mini_batch_prompts={cfg.mini_batch_prompts()} must be divisible by the "
                           f"number of processes ({acc.num_processes}) so each owns whole prompt groups")
+    note = dist.chunk_note(cfg.rollout.batch_size, cfg.algo.group_size, cfg.mini_batch_prompts(), acc.num_processes)
+    if note and acc.is_main_process:
+        logging.getLogger(__name__).warning(note)
     seed_everything(cfg.train.seed)
     plan = _usable_plan(cfg, plan, pair, examples)
     pair = pair if pair is not None else load_pair(cfg.model)
@@ -178,22 +181,26 @@ def check_mixed_precision(cfg: Config, cuda: bool) -> None:
 
 def _prepare_run_dir(acc, cfg: Config, restart: bool):
     """The main process locks and prepares the run directory (:func:`~tandem_rlvr.training.rundir.open_run`);
-    every process learns the outcome (a refusal stops them all with its message) and the checkpoint to resume
-    from. Returns ``(lock or None, resume_from)``."""
+    every process learns the outcome from it: its error (a refusal, or any other failure, stops them all with its
+    message; the main process raises its own exception) or the checkpoint it chose to resume from (the other
+    processes never look for one themselves). Returns ``(lock or None, resume_from)``."""
     from accelerate.utils import broadcast_object_list
 
-    run_dir, error, resume_from, lock = Path(cfg.train.out_dir), [None], None, None
+    run_dir, outcome, lock, failure = Path(cfg.train.out_dir), [None, None], None, None  # [error, resume_from]
     if acc.is_main_process:
         try:
             lock, resume_from = rundir.open_run(run_dir, cfg, restart)
-        except TandemError as e:
-            error = [str(e)]
+            outcome = [None, None if resume_from is None else str(resume_from)]
+        except Exception as e:
+            failure, outcome = e, [str(e) if isinstance(e, TandemError) else f"the main process failed to prepare the "
+                                   f"run directory {str(run_dir)!r} ({type(e).__name__}: {e})", None]
     if acc.num_processes > 1:
-        broadcast_object_list(error)
-        resume_from = ckpt_mod.latest_checkpoint(run_dir)
-    if error[0] is not None:
-        raise TandemError(error[0])
-    return lock, resume_from
+        broadcast_object_list(outcome)
+    if failure is not None:
+        raise failure
+    if outcome[0] is not None:
+        raise TandemError(outcome[0])
+    return lock, None if outcome[1] is None else Path(outcome[1])
 
 
 def lr_factor(step: int, *, warmup: int, total: int, decay: str = "constant") -> float:

@@ -102,3 +102,22 @@ def close_process_group() -> None:
 
     if tdist.is_available() and tdist.is_initialized():
         tdist.destroy_process_group()
+
+
+def chunk_note(batch_size: int, group_size: int, mini_batch_prompts: int, num_processes: int) -> str | None:
+    """Why this run's rollouts would differ from the same config's on fewer processes, or None where they are the
+    same. A chunk's seed and padding follow its global position (``Trainer.rollout``) only where each process's
+    share of a mini-batch holds whole chunks; else the same distribution, other random streams."""
+    if num_processes == 1:
+        return None
+    share = mini_batch_prompts // num_processes
+    if batch_size == 0:
+        why = "rollout.batch_size=0 makes each process's prompts of a step one chunk"
+    elif share % max(1, batch_size // group_size):
+        why = (f"rollout.batch_size={batch_size} ({batch_size // group_size} prompts a chunk) does not divide a "
+               f"process's share of a mini-batch ({share} prompts at {num_processes} processes)")
+    else:
+        return None
+    return (f"{why}, so the rollouts' random streams depend on the number of processes (the same distribution); "
+            f"for a run equal to itself on any number of processes set rollout.batch_size to a multiple of "
+            f"algo.group_size={group_size} that divides {share * group_size}")

@@ -1,7 +1,8 @@
 """The run directory: start fresh, resume the same run, or refuse to mix two runs.
 
 ``--restart`` (``restart=True``) deletes only what a run writes, and only when the directory holds nothing
-else (:func:`first_foreign`): ``config.yaml``, ``metrics.jsonl``, ``preempted.json``, ``watchdog-rank{R}.txt``,
+else (:func:`first_foreign`): ``config.yaml`` (one a run wrote: :func:`_ours`), ``metrics.jsonl``,
+``preempted.json``, ``watchdog-rank{R}.txt``,
 ``run.lock`` (kept: it may be held), ``trackers.json`` and ``samples.jsonl`` (:mod:`tandem_rlvr.trackers`), ``checkpoints/`` (whose entries must be ``step-N``, ``.tmp-step-N``,
 ``.trash-step-N``, ``.step-N.old`` or ``damaged-step-N[.k]``), ``best/`` and ``final/`` (with their ``.tmp-``
 and ``.old`` siblings), the temporary files of atomic writes, TensorBoard's folder (named by the run's ``train.project``,
@@ -40,6 +41,8 @@ RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.save_every", "train
                      "train.max_nonfinite", "val.every", "data.reward_workers", "train.preempt_exit_code",
                      "train.watchdog_s", "train.collective_timeout_s", "train.run_name", "train.group", "train.tags",
                      "train.log_every", "train.log_samples"}
+# keys left out of the comparison: the folder itself, which a resume found (``run``, ``run/`` or its absolute path)
+NOT_COMPARED = {"train.out_dir"}
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -50,7 +53,7 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
         a, b = old.get(k), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
             out += config_changes(a, b, key + ".")
-        elif a != b and key not in RESUMABLE_CHANGES:
+        elif a != b and key not in RESUMABLE_CHANGES and key not in NOT_COMPARED:
             out.append(f"{key}: {a!r} -> {b!r}")
     return out
 
@@ -59,26 +62,30 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
     """Make ``run_dir`` ready; return the checkpoint to resume from (None = fresh start).
 
     ``restart`` first deletes what a run wrote there (:func:`clear_run`; refused if it holds anything
-    else). A directory with progress (a checkpoint or metrics) is resumed only if its ``config.yaml``
-    matches ``cfg`` up to :data:`RESUMABLE_CHANGES`; one that has no intact checkpoint left but went further
-    than its metrics is refused (:func:`_check_nothing_lost`). The caller holds the directory's lock (:func:`open_run`).
+    else). A directory with progress (a checkpoint, metrics or ``best/``) is resumed only if its ``config.yaml``
+    matches ``cfg`` up to :data:`RESUMABLE_CHANGES` and ``train.steps`` is not below its newest checkpoint's step;
+    one that has no intact checkpoint left but went further than its metrics is refused
+    (:func:`_check_nothing_lost`). The caller holds the directory's lock (:func:`open_run`).
     """
     if restart:
         clear_run(run_dir)
     ckpt_mod.recover_publishes(run_dir)  # a checkpoint, best/ or final/ whose replacement a kill cut short
     resume_from = ckpt_mod.newest_intact_checkpoint(run_dir)  # a damaged newest one is moved aside
-    has_progress = resume_from is not None or bool(read_jsonl(run_dir / "metrics.jsonl"))
+    has_progress = (resume_from is not None or bool(read_jsonl(run_dir / "metrics.jsonl"))
+                    or (run_dir / "best").is_dir())
     if has_progress:
         old_cfg = run_dir / "config.yaml"
         if not old_cfg.exists():
             raise TandemError(f"run directory {str(run_dir)!r} holds a run without config.yaml; "
                               "pass --restart to start over or choose another train.out_dir")
-        changed = config_changes(yaml.safe_load(old_cfg.read_text()) or {}, cfg.to_dict())
+        changed = config_changes(read_run_config(old_cfg), cfg.to_dict())
         if changed:
             raise TandemError(
                 f"run directory {str(run_dir)!r} holds a run with a different config ({'; '.join(changed[:5])}); "
                 "pass --restart to start over or choose another train.out_dir"
             )
+    if resume_from is not None:
+        _check_steps(resume_from, cfg)
     if resume_from is None and not restart:
         _check_nothing_lost(run_dir)
         _check_fresh(run_dir)
@@ -96,6 +103,8 @@ def _check_nothing_lost(run_dir: Path) -> None:
     ckpts = run_dir / "checkpoints"
     damaged = sorted(p.name for p in ckpts.glob("damaged-step-*")) if ckpts.is_dir() else []
     saved = [f"{name}/" for name in ("final", "best") if (run_dir / name).is_dir()]
+    if saved == ["best/"] and _best_before_first_checkpoint(run_dir):
+        saved = []  # a kill between best/ and the run's first checkpoint: retraining rewrites best/
     if damaged:
         why = f"every checkpoint of this run failed its checksums (moved aside: {', '.join(damaged)})"
     elif saved:
@@ -105,6 +114,52 @@ def _check_nothing_lost(run_dir: Path) -> None:
     raise TandemError(f"run directory {str(run_dir)!r} cannot be resumed: {why}; a fresh start would retrain from "
                       "step 0 over its metrics and models. Pass --restart to start over (it deletes them) or choose "
                       "another train.out_dir (nothing was changed)")
+
+
+def read_run_config(path: Path) -> dict:
+    """The run's saved ``config.yaml`` as a mapping; :class:`TandemError` naming the file where it cannot be
+    read or parsed (edited by hand, damaged) or is not a mapping."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        why = None if data is None or isinstance(data, dict) else f"it holds a {type(data).__name__}, not a mapping"
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        why = _one_line(e)
+    if why is not None:
+        raise TandemError(f"the run's config {str(path)!r} cannot be read ({why}): restore it (as the run wrote it), "
+                          "or move it away and pass --restart to start over, or choose another train.out_dir")
+    return data or {}
+
+
+def _one_line(e: Exception) -> str:
+    """An error reading a file, in one line (a YAML error's problem and where it is)."""
+    mark = getattr(e, "problem_mark", None)
+    if isinstance(e, yaml.YAMLError) and mark is not None:
+        return f"{getattr(e, 'problem', None) or 'invalid YAML'} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _check_steps(resume_from: Path, cfg: Config) -> None:
+    """Refuse to resume a checkpoint of a later step than ``train.steps`` (the run already went past it)."""
+    step = int(resume_from.name.split("-")[1])
+    if step > cfg.train.steps:
+        raise TandemError(f"train.steps={cfg.train.steps} is below the step of this run's newest checkpoint "
+                          f"({resume_from}, step {step}): it went further already. Set train.steps to {step} or more "
+                          "to resume it, or pass --restart to start over, or choose another train.out_dir "
+                          "(nothing was changed)")
+
+
+def _best_before_first_checkpoint(run_dir: Path) -> bool:
+    """``best/`` was written by this run before its first checkpoint was due: ``best/best.json`` and every
+    metrics row are of a step up to the ``train.save_every`` of the run's ``config.yaml`` (a kill came between
+    the validation that wrote it and the checkpoint), so a fresh start loses nothing it does not write again."""
+    try:
+        step = json.loads((run_dir / "best" / "best.json").read_text(encoding="utf-8"))["step"]
+        save_every = int(_old_train(run_dir).get("save_every") or 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    rows = [r.get("step", 0) for r in read_jsonl(run_dir / "metrics.jsonl") if isinstance(r, dict)]
+    return isinstance(step, int) and save_every > 0 and all(
+        isinstance(s, int) and s <= save_every for s in [step, *rows])
 
 
 def _check_fresh(run_dir: Path) -> None:
@@ -137,24 +192,29 @@ def _ours(path: Path) -> bool:
 def open_run(run_dir: Path, cfg: Config, restart: bool) -> tuple[runlock.RunLock, Path | None]:
     """Lock ``run_dir`` for this run (:mod:`tandem_rlvr.training.runlock`), then :func:`prepare` it; returns
     the held lock and the checkpoint to resume from. A restart that would be refused is refused before
-    the lock file is created; on any error the lock is released."""
+    the lock file is created; on any error the lock is released, and its file deleted if this call created it
+    (:meth:`~tandem_rlvr.training.runlock.RunLock.discard`: a refused run leaves the folder as it was)."""
     if restart:
         _check_restart(run_dir)
     lock = runlock.acquire(run_dir)
     try:
         return lock, prepare(run_dir, cfg, restart)
     except BaseException:
-        lock.release()
+        lock.discard()
         raise
 
 
 def _check_restart(run_dir: Path) -> None:
     """Refuse a restart of ``/``, the home or current directory (or an ancestor of either), or of a
-    directory holding anything a run does not write (:func:`first_foreign`)."""
+    directory holding anything a run does not write (:func:`first_foreign`) or a ``config.yaml`` no run wrote
+    (:func:`_ours`: a user's own config kept there, as a fresh start refuses it)."""
     problem = run_dir_problem(str(run_dir))  # the config's own check, again here: a library caller may skip it
     if problem is not None:
         raise TandemError(f"--restart refused: train.out_dir {problem}")
     foreign = first_foreign(run_dir)
+    config = run_dir / "config.yaml"
+    if foreign is None and config.exists() and not _ours(config):
+        foreign = config  # a user's own config kept there (a fresh start refuses it too)
     if foreign is not None:
         raise TandemError(f"--restart refused: {str(run_dir)!r} holds {str(foreign)!r}, which no run writes; "
                           "nothing was deleted. Move it away or choose another train.out_dir")

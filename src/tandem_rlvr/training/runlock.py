@@ -5,8 +5,11 @@ before anything in the directory is read, deleted or written. The holder writes 
 time into the file, so a second run on the same directory is refused in one line naming them. The
 operating system drops the lock when the holding process ends however it ends (a SIGKILL, an OOM
 kill, a node reboot of a local disk), so a stale ``run.lock`` left by a killed run never blocks a
-resume: the next run takes the lock and rewrites the file. The file itself is never deleted (deleting
-a held lock file would let a second run lock a new file of the same name).
+resume: the next run takes the lock and rewrites the file. The file is deleted only by the call that
+created it, when the run is then refused (:meth:`RunLock.discard`: a refused run leaves a user's folder as
+it was), and only while still held; a process that locked a file since unlinked (or replaced) tries again, so
+two runs never hold two files of the same name. ``run.lock`` is opened without following a symbolic link,
+and anything there but a regular file is refused (never written through).
 
 The descriptor is not inherited by the processes a run starts (``os.open`` makes it close-on-exec; the
 verifier workers and the demo's jobs are started by exec), so a killed run's children cannot keep its lock.
@@ -24,6 +27,7 @@ import json
 import logging
 import os
 import socket
+import stat
 from pathlib import Path
 
 from tandem_rlvr.errors import TandemError
@@ -41,9 +45,18 @@ class RunLocked(TandemError):
 class RunLock:
     """A held run-directory lock; :meth:`release` (or the end of the process) lets it go."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._key: str | None = str(path.resolve())
+    def __init__(self, path: Path, created: bool = False):
+        self.path, self.created = path, created  # created: this acquire made the lock file
+        self._key: str | None = _key(path)
+
+    def discard(self) -> None:
+        """Release, deleting the lock file first (while still held) if this acquire created it and no other
+        :class:`RunLock` of this process shares it: a refused run leaves no ``run.lock`` behind."""
+        held = _HELD.get(self._key) if self._key is not None else None
+        if self.created and held is not None and held[1] == 1:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        self.release()
 
     def release(self) -> None:
         """Let the lock go (once; the file stays). Idempotent."""
@@ -83,28 +96,71 @@ def acquire(run_dir: str | Path, *, what: str = "run", option: str = "train.out_
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
-    key = str(path.resolve())
+    key = _key(path)
     if key in _HELD:  # this process holds it already
         _HELD[key][1] += 1
         return RunLock(path)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
+    for _ in range(10):  # again only if the file was unlinked or replaced between opening and locking it
+        fd, created = _open_lock_file(path, what, option)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunLocked(f"{what} directory {str(run_dir)!r} is in use by another {what} ({holder(path)}; lock "
+                                f"file {path}): wait for it to end, stop it, or choose another {option}") from None
+            log.warning("could not lock %s (%s): this file system has no locks; nothing stops a second run on %s",
+                        path, e.strerror, run_dir)
+            return RunLock(path)
+        if _still_at(fd, path):
+            break
         os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunLocked(f"{what} directory {str(run_dir)!r} is in use by another {what} ({holder(path)}; lock "
-                            f"file {path}): wait for it to end, stop it, or choose another {option}") from None
-        log.warning("could not lock %s (%s): this file system has no locks; nothing stops a second run on %s",
-                    path, e.strerror, run_dir)
-        return RunLock(path)
+    else:
+        raise TandemError(f"could not lock {path}: the file kept being replaced; choose another {option}")
     try:
         _write_holder(fd)
     except BaseException:
         os.close(fd)
         raise
     _HELD[key] = [fd, 1]
-    return RunLock(path)
+    return RunLock(path, created)
+
+
+def _open_lock_file(path: Path, what: str, option: str) -> tuple[int, bool]:
+    """Open (or create: then ``True``) the lock file, never through a symbolic link; anything but a regular file
+    there is refused in one line, untouched."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:  # removed since: create it
+        return _open_lock_file(path, what, option)
+    except OSError as e:  # ELOOP: a symbolic link; EISDIR: a folder
+        fd, why = None, "a symbolic link" if e.errno == errno.ELOOP else e.strerror
+    if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd, False
+    if fd is not None:
+        os.close(fd)
+        why = "not a regular file"
+    raise TandemError(f"{what} directory {str(path.parent)!r} holds {path.name!r}, which is not a lock file a {what} "
+                      f"wrote ({why}): move it away or choose another {option} (nothing was changed)")
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    """The locked file is still the one at ``path`` (not unlinked by a refused run that created it)."""
+    try:
+        st, at = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino)
+
+
+def _key(path: Path) -> str:
+    """The lock file's key in :data:`_HELD`: its folder resolved (never following ``run.lock`` itself)."""
+    return str(path.parent.resolve() / path.name)
 
 
 def _write_holder(fd: int) -> None:
