@@ -157,7 +157,8 @@ def test_eval_refuses_a_junior_that_cannot_read_the_seniors_chains(tmp_path, mod
             "--max-new-tokens", "100", "--no-curve", "--out", str(tmp_path / "ev"), "--no-progress"]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert f"the junior {str(junior)!r} reads 64 tokens" in err and "--max-new-tokens <= " in err
+    assert f"the junior {str(junior)!r} reads 64 tokens" in err
+    assert "its prompts alone do not fit" in err and "--context <= 64" in err  # no negative --max-new-tokens
     assert not (tmp_path / "ev" / "eval.json").exists()
 
 

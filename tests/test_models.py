@@ -89,3 +89,26 @@ def test_tokenizer_without_pad_falls_back_to_eos_and_without_either_is_refused(t
 
 # ------------------------------------------------------------------------------------------------
 # the command line
+
+
+def test_a_model_that_needs_its_own_code_says_which_option_runs_it(tmp_path, model_dirs):
+    """transformers' refusal of a model's own code puts its hint (trust_remote_code=True) on a line after the
+    first, which the one-line error keeps: the error names our options instead, and the code never runs."""
+    import json
+    import shutil
+
+    from tandem_rlvr.preflight import check_model
+
+    senior, _ = model_dirs
+    d = tmp_path / "remote"
+    shutil.copytree(senior, d)
+    config = json.loads((d / "config.json").read_text())
+    config.update(model_type="mytiny", auto_map={"AutoConfig": "cfg.MyCfg", "AutoModelForCausalLM": "mod.MyModel"})
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "cfg.py").write_text("raise RuntimeError('the model code ran')\n")
+    for load in (lambda: load_causal_lm(str(d)), lambda: check_model(str(d), "senior")):
+        with pytest.raises(ModelLoadError) as e:
+            load()
+        msg = str(e.value)
+        assert "\n" not in msg and "custom code" in msg, msg
+        assert "--trust-remote-code" in msg and "model.trust_remote_code: true" in msg, msg

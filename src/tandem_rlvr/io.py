@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -59,8 +60,8 @@ class AtomicJsonl:
         self.f = self._open.__enter__()
         return self
 
-    def write(self, row: dict) -> None:
-        self.f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    def write(self, row: dict) -> None:  # strict JSON, as atomic_write_json (a NaN as null)
+        self.f.write(json.dumps(_strict(row), ensure_ascii=False, default=_json_default, allow_nan=False) + "\n")
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         return bool(self._open.__exit__(exc_type, exc, tb))
@@ -76,21 +77,55 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text))
 
 
-def file_mode() -> int:
-    """The mode a new file gets under the current umask (0666 & ~umask)."""
-    mask = os.umask(0)
+_UMASK: list[int] = []  # the process's umask, read once (file_mode)
+_UMASK_LOCK = threading.Lock()
+
+
+def _read_umask() -> int:
+    """The process's umask: from ``/proc/self/status`` where the kernel shows it (Linux 4.7+), which changes
+    nothing; else by setting and restoring it (once, under :data:`_UMASK_LOCK`)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # a strict mask for the instant it is set: a file made meanwhile is private, not open
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets under the process's umask (0666 & ~umask). The umask is read once, on first use
+    under a lock: setting it to read it, on every call, would give a file another thread creates meanwhile the
+    wrong mode."""
+    if not _UMASK:
+        with _UMASK_LOCK:
+            if not _UMASK:
+                _UMASK.append(_read_umask())
+    return 0o666 & ~_UMASK[0]
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    """Atomically write ``obj`` as indented JSON."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    """Atomically write ``obj`` as indented, strict JSON: a non-finite float (NaN, inf; a metric with no data) is
+    written as ``null``, which every JSON reader accepts (a bare ``NaN`` is no JSON)."""
+    text = json.dumps(_strict(obj), indent=2, sort_keys=False, default=_json_default, allow_nan=False)
+    atomic_write_text(path, text + "\n")
+
+
+def _strict(obj: Any) -> Any:
+    """``obj`` with every non-finite float, at any depth of dicts, lists and tuples, as None."""
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return _finite_or_none(obj)
 
 
 def _json_default(o: Any) -> Any:
     if hasattr(o, "item"):
-        return o.item()
+        return _finite_or_none(o.item())
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")

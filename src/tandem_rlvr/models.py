@@ -51,9 +51,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
                    "spiece.model", "tekken.json")
 
 
+# what transformers' refusal of a model's own code says (its hint, to trust the remote code, is on a later line)
+_REMOTE_CODE_WORDS = ("contains custom code", "trust_remote_code=true")
+REMOTE_CODE_HINT = ("its code runs only if you trust it: pass --trust-remote-code to eval, or set "
+                    "model.trust_remote_code: true in a training config")
+
+
 def load_error_text(e: BaseException, name: str) -> str:
-    """The first line of a loader's error, and a hint when ``name`` is no local path (a hub name)."""
+    """The first line of a loader's error, and a hint when ``name`` is no local path (a hub name) or the model
+    needs its own code (transformers' ``trust_remote_code``), in our options' words."""
     first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    if any(w in str(e).lower() for w in _REMOTE_CODE_WORDS):
+        first = f"{first.rstrip(' .')}; {REMOTE_CODE_HINT}"
     if not Path(name).expanduser().exists():
         return f"{first} ({name!r} is not a local path, so it was looked up on the Hugging Face hub)"
     return first
@@ -322,5 +331,15 @@ def _check_rows(senior, junior, tok, mcfg) -> None:
             f"senior {mcfg.senior!r} has {rs} output rows but junior {mcfg.junior!r} has {rj}; "
             "their logits cannot be compared token by token"
         )
-    if len(tok) > rs:
-        raise ModelLoadError(f"tokenizer of {mcfg.senior!r} has {len(tok)} tokens but the model only {rs} rows")
+    check_output_rows(senior, tok, mcfg.senior, "senior")
+
+
+def check_output_rows(model, tok, name: str, role: str = "senior") -> None:
+    """``model``'s output layer has a row for every id of its tokenizer ``tok``; else a token it encodes (an added
+    token, another model's tokenizer) would index past the embeddings: raise naming the model and both sizes."""
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    rows = getattr(getattr(out, "weight", None), "shape", (None,))[0]
+    if rows is not None and len(tok) > rows:
+        raise ModelLoadError(f"{role} model {name!r}: its tokenizer has {len(tok)} tokens but its output layer only "
+                             f"{rows} rows (ids >= {rows} have none): give the model its own tokenizer, or resize its "
+                             "embeddings to the tokenizer's length and save it")

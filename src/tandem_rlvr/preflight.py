@@ -8,6 +8,7 @@ one-line errors the loaders raise.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
@@ -17,6 +18,8 @@ from pathlib import Path
 from tandem_rlvr.context import ContextPlan
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.models import WORLD_MODELS, ModelLoadError, check_tokenizers, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 def check_writable(directory: str | Path, what: str) -> None:
@@ -60,8 +63,20 @@ def check_eval(opts, juniors: dict[str, str], benches: dict | None = None) -> di
     roles.update({path: f"senior {name!r}" for name, path in opts.seniors.items()})
     toks = {path: check_model(path, role, trc) for path, role in roles.items()}  # every model exists, first
     seniors = set(opts.seniors.values())  # their tokenizers encode the prompts every pair samples
-    return {path: eval_context(opts, roles[path], path, tok, benches, senior=path in seniors)
+    bridged = _bridged_juniors(opts, juniors, toks)
+    return {path: eval_context(opts, roles[path], path, tok, benches, senior=path in seniors, bridged=path in bridged)
             for path, tok in toks.items() if tok is not None and benches}
+
+
+def _bridged_juniors(opts, juniors: dict[str, str], toks: dict) -> set[str]:
+    """The juniors whose vocabulary differs from every senior's: each of their pairs runs through the text bridge,
+    which reads a chain past the junior's context truncated from the left (docs/evaluation.md)."""
+    stoks = [toks.get(p) for p in opts.seniors.values()]
+    if any(t is None for t in stoks):  # a world alias: not read here
+        return set()
+    vocabs = [t.get_vocab() for t in stoks]  # as tandem_rlvr.engines.bridge.tokenizers_differ compares them
+    return {p for p in juniors.values() if p not in opts.seniors.values() and toks.get(p) is not None
+            and all(v != toks[p].get_vocab() for v in vocabs)}
 
 
 def _check_prompts_fit(opts, role: str, tok, benches: dict, fitted: dict) -> None:
@@ -78,11 +93,13 @@ def _check_prompts_fit(opts, role: str, tok, benches: dict, fitted: dict) -> Non
                               f"set --context > {shortest}")
 
 
-def eval_context(opts, role: str, path: str, tok, benches: dict, *, senior: bool = False) -> int:
+def eval_context(opts, role: str, path: str, tok, benches: dict, *, senior: bool = False, bridged: bool = False) -> int:
     """The context check of one evaluated model: it must read ``min(--context, longest prompt +
     --max-new-tokens)`` positions, the farthest the evaluation's chains reach (prompts on its own
     tokenizer, within ``--context``); else a one-line error with the values that fit. Returns that reach.
-    A ``senior`` must also keep a prompt of every benchmark within ``--context``."""
+    A ``senior`` must also keep a prompt of every benchmark within ``--context``; a ``bridged`` junior (another
+    vocabulary than every senior's) is not held to the reach: the text bridge reads it the chains truncated from
+    the left."""
     from transformers import AutoConfig
 
     from tandem_rlvr.context import model_context
@@ -100,10 +117,16 @@ def eval_context(opts, role: str, path: str, tok, benches: dict, *, senior: bool
     reach = min(opts.context, longest + opts.max_new_tokens)
     if ctx.limit is None or reach <= ctx.limit:
         return reach
+    if bridged:
+        log.info("%s, the chains reach %d tokens: it reads them truncated from the left (the text bridge)",
+                 ctx.describe(), reach)
+        return reach
+    fix = (f"set --max-new-tokens <= {ctx.limit - longest} or --context <= {ctx.limit}" if longest < ctx.limit else
+           f"its prompts alone do not fit (the longest is {longest} tokens): set --context <= {ctx.limit} (longer "
+           "prompts are then skipped)")
     raise TandemError(f"{ctx.describe()}, but the evaluation's chains reach {reach} tokens (its longest prompt "
-                      f"{longest} + --max-new-tokens {opts.max_new_tokens}, at most --context {opts.context}): set "
-                      f"--max-new-tokens <= {ctx.limit - longest} or --context <= {ctx.limit}; if the model reads "
-                      "more than its config says (rope scaling), set --max-context")
+                      f"{longest} + --max-new-tokens {opts.max_new_tokens}, at most --context {opts.context}): {fix}; "
+                      "if the model reads more than its config says (rope scaling), set --max-context")
 
 
 @dataclass(frozen=True)

@@ -380,3 +380,32 @@ def test_a_rope_scaled_model_reads_the_same_context_in_evaluation_and_training()
     assert read_limit("senior", model) == model_context("senior", "m", cfg).limit == 8192
     assert read_limit("senior", model, 5000) == 5000  # --context caps it
     assert read_limit("junior", SimpleNamespace(config=None), 300) == 300
+
+
+def test_a_junior_of_another_vocabulary_with_a_shorter_context_reads_the_chains_truncated(junior_tokenizer, tmp_path,
+                                                                                           model_dirs):
+    """docs/evaluation.md: a cross-tokenizer junior whose context is shorter than the chains reads them truncated
+    from the left (bits per byte of the rest; its handoff turns likewise), so the up-front context check that
+    refuses such a junior of the senior's vocabulary does not refuse this one."""
+    from tandem_rlvr.cli import main
+    from tandem_rlvr.data import render_prompt
+
+    s_dir, _ = model_dirs
+    problems = [f"What is {i} plus 3?" for i in range(2)]
+    plain = copy.deepcopy(junior_tokenizer)
+    plain.chat_template = None
+    longest = max(len(plain(render_prompt(plain, p), add_special_tokens=False)["input_ids"]) for p in problems)
+    short = tmp_path / "short_other"
+    m = make_tiny_model(len(junior_tokenizer), 2, 32, arch="llama")
+    m.config.max_position_embeddings = longest + 4  # the chains reach --max-new-tokens 24 past the prompt
+    m.generation_config.eos_token_id = junior_tokenizer.eos_token_id
+    m.save_pretrained(str(short))
+    plain.save_pretrained(str(short))
+    bench = tmp_path / "b.jsonl"
+    bench.write_text("".join(json.dumps({"problem": p, "answer": "4"}) + "\n" for p in problems))
+    out = tmp_path / "out"
+    assert main(["eval", "--senior", f"s={s_dir}", "--junior", str(short), "--benchmark", str(bench), "--out", str(out),
+                 "--n", "2", "--max-new-tokens", "24", "--reward", "boxed_exact", "--no-curve", "--no-progress",
+                 "--temperature", "1.0", "--top-k", "0", "--top-p", "1.0"]) == 0
+    macro = json.loads((out / "eval.json").read_text())["macro"]
+    assert macro["vocabulary"] == "different" and macro["junior_bpb_truncated_chains"] > 0

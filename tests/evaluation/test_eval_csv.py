@@ -115,3 +115,31 @@ def test_cli_eval_writes_the_csv_beside_eval_json(tmp_path):
     assert len(rows) == len(want) > 10
     assert [[r[c] for c in CSV_COLUMNS] for r in rows] == [[str(x) for x in w] for w in want]
     assert _row(rows, senior="base", benchmark="arith/test", mode="all", metric="n_problems")["value"] == "1"
+
+
+def test_eval_json_and_its_parts_are_strict_json_and_a_resumed_run_reads_their_nulls(model_dirs, tmp_path):
+    """Chains of 4 tokens leave deciles of the junior's CE empty: null in eval.json and the part (a bare NaN is no
+    JSON: jq, JavaScript and pandas refuse the file); the rerun that reuses the part gives the same eval.json."""
+    from tandem_rlvr.cli import main
+
+    s_dir, j_dir = model_dirs
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"What is {i} plus 4?", "answer": str(i + 4)}) + "\n"
+                             for i in range(2)), encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["eval", "--senior", f"s={s_dir}", "--junior", str(j_dir), "--benchmark", str(bench), "--out", str(out),
+            "--n", "1", "--max-new-tokens", "4", "--no-curve", "--no-progress", "--reward", "boxed_exact"]
+    assert main(argv) == 0
+
+    def strict(path):
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=lambda c: pytest.fail(f"{c} in {path}"))
+
+    first = strict(out / "eval.json")
+    assert None in first["macro"]["junior_ce_by_decile"], "the fixture must leave a decile empty"
+    assert None in strict(out / "parts" / "s__bench.json")["metrics"]["junior_ce_by_decile"]
+    for line in (out / "chains" / "s" / "bench.jsonl").read_text(encoding="utf-8").splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in a chain"))
+    assert main(argv) == 0  # resumed: the part's nulls read back
+    again = strict(out / "eval.json")
+    assert again["macro"] == first["macro"] and again["per_benchmark"] == first["per_benchmark"]
+    assert "Junior CE by position" in (out / "eval.md").read_text(encoding="utf-8")  # the report reads the nulls

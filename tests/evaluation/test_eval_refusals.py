@@ -123,3 +123,72 @@ def test_the_report_shows_only_this_runs_chains(model_dirs, bench, tmp_path, cap
     assert main(["eval", "--senior", f"second={s_dir}", *base]) == 0
     assert _browser_runs(out) == ["second/bench"]
     assert (out / "chains" / "first" / "bench.jsonl").is_file()
+
+
+def test_a_finished_part_of_other_options_is_kept_and_the_rerun_refused(model_dirs, bench, tmp_path, capsys,
+                                                                       monkeypatch):
+    """Another --n (or any option of the fingerprint) under the same --out would recompute and replace the
+    finished part, its chains and eval.json: refused before any weights load, naming what changed and
+    --overwrite; nothing under --out changes. A part of an older version (no recorded inputs) is refused alike,
+    and still reused where its fingerprint matches."""
+    import tandem_rlvr.models as models
+    from tandem_rlvr.cli import main
+
+    out = tmp_path / "out"
+    argv = _argv(model_dirs, bench, out)
+    assert main(argv) == 0
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    before = {p: p.read_bytes() for p in files}
+    load = models.load_causal_lm
+    monkeypatch.setattr(models, "load_causal_lm", lambda name, **_: pytest.fail(f"{name} loaded before the refusal"))
+    other = [*argv, "--n", "2", "--top-k", "5"]  # --n 1 -> 2, --top-k 20 -> 5
+    err = _refused(capsys, other, "parts/s__bench.json", "--n 1 -> 2", "--top-k 20 -> 5", "--overwrite", "another --out")
+    assert "Traceback" not in err
+    assert {p: p.read_bytes() for p in files} == before  # nothing replaced
+    # a part written before the inputs were recorded: refused alike when it differs...
+    part = out / "parts" / "s__bench.json"
+    saved = json.loads(part.read_text(encoding="utf-8"))
+    del saved["inputs"]
+    part.write_text(json.dumps(saved), encoding="utf-8")
+    _refused(capsys, other, "parts/s__bench.json", "other options", "--overwrite")
+    # ...and resumed (not recomputed) where its fingerprint is this run's
+    monkeypatch.setattr(models, "load_causal_lm", load)
+    chains = out / "chains" / "s" / "bench.jsonl"
+    assert main(argv) == 0 and chains.read_bytes() == before[chains]
+    assert json.loads(part.read_text(encoding="utf-8")) == saved
+
+
+@pytest.mark.parametrize("role", ["senior", "junior"])
+def test_a_tokenizer_longer_than_the_models_output_layer_is_one_line(model_dirs, bench, tmp_path, capsys, role):
+    """A token id past the output rows would index past the embeddings (an IndexError mid-run): each model eval
+    loads is checked against its own tokenizer, as training checks the senior."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    s_dir, j_dir = model_dirs
+    big = tmp_path / "big"
+    shutil.copytree(s_dir if role == "senior" else j_dir, big)
+    tok = AutoTokenizer.from_pretrained(str(big))
+    tok.add_tokens(["apples"])
+    tok.save_pretrained(str(big))
+    dirs = (big, j_dir) if role == "senior" else (s_dir, big)
+    _refused(capsys, _argv(dirs, bench, tmp_path / "out"), f"{role} ", repr(str(big)), f"{len(tok)} tokens",
+             f"only {len(tok) - 1} rows")
+
+
+def test_a_model_too_short_for_the_prompts_themselves_is_told_so_not_a_negative_budget(model_dirs, bench, tmp_path,
+                                                                                       capsys, no_weights):
+    """A senior whose context is shorter than its longest prompt: no --max-new-tokens fits, so the refusal says the
+    prompts do not fit and gives the --context that skips them, never a --max-new-tokens <= 0."""
+    import shutil
+
+    s_dir, j_dir = model_dirs
+    short = tmp_path / "short"
+    shutil.copytree(s_dir, short)
+    config = json.loads((short / "config.json").read_text(encoding="utf-8"))
+    config["max_position_embeddings"] = 8
+    (short / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    err = _refused(capsys, _argv((short, j_dir), bench, tmp_path / "out"), "reads 8 tokens", "prompts alone do not fit",
+                   "--context <= 8")
+    assert "--max-new-tokens <=" not in err

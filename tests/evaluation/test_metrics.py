@@ -127,3 +127,14 @@ def test_pass_at_k_counts_rewards_at_the_threshold_and_single_samples():
     rewards = [[0.7, 0.2, 1.0], [0.7, 0.7, 0.0]]
     assert pass_at_ks(rewards, (1, 2), threshold=1.0) == pytest.approx({1: (1 / 3 + 0) / 2, 2: (2 / 3 + 0) / 2})
     assert pass_at_ks(rewards, (1,)) == pytest.approx({1: (2 / 3 + 2 / 3) / 2})
+
+
+def test_macro_average_of_parts_read_back_where_a_number_with_no_data_is_null():
+    """A finished part is strict JSON (NaN written as null) and read back for a resumed run: a None is a number
+    with no data, skipped as NaN is, whichever benchmark holds it (first or not)."""
+    a = {"junior_ce": None, "junior_ce_se": None, "junior_ce_by_decile": [None, 1.0], "curve": {"0.5": None}}
+    b = {"junior_ce": 2.0, "junior_ce_se": 0.5, "junior_ce_by_decile": [3.0, 5.0], "curve": {"0.5": 0.4}}
+    m = M.macro_average({"a": a, "b": b})
+    assert m["junior_ce"] == 2.0 and m["junior_ce_by_decile"] == pytest.approx([3.0, 3.0])
+    assert m["curve"] == pytest.approx({"0.5": 0.4}) and math.isnan(m["junior_ce_se"])
+    assert M.macro_average({"a": a, "c": a})["junior_ce"] is None  # no benchmark has one

@@ -124,7 +124,10 @@ def _stamp(path: str) -> list:
 _PROMPT_KEYS = ("subset", "prompt_key", "prompt_template", "system_prompt", "chat_template_kwargs")
 
 
-def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples, junior_path: str | None = None) -> str:
+def _fingerprint_fields(opts: EvalOptions, senior_path: str, source: str, examples,
+                       junior_path: str | None = None) -> dict:
+    """Everything that determines a (senior, benchmark) part, as the JSON a part keeps (``inputs``), so a part
+    computed with other options can be told apart by field."""
     keys = ("n", "max_new_tokens", "seed", "batch_size", "reward", "curve_ps", "temperature", "top_p", "top_k",
             "max_rounds", "context", "dtype", "device", "engine")  # not mode: both give the same chains
     blob = {k: getattr(opts, k) for k in keys}
@@ -138,7 +141,82 @@ def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples, jun
     blob.update(senior=[senior_path, _stamp(senior_path)], junior=[junior_path, _stamp(junior_path)], source=source,
                 audit=2,  # 2: bits-per-byte legibility and cross-tokenizer pairs
                 data=hashlib.sha256(json.dumps([[str(e.id), e.problem, str(e.answer)] for e in examples]).encode()).hexdigest())
-    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
+    return json.loads(json.dumps(blob, default=str))  # as a part file holds it (tuples as lists)
+
+
+def _hash(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _fingerprint(opts: EvalOptions, senior_path: str, source: str, examples, junior_path: str | None = None) -> str:
+    return _hash(_fingerprint_fields(opts, senior_path, source, examples, junior_path))
+
+
+# how a refusal names a fingerprint field that is no option of its own
+_FIELD_NAMES = {"curve_ps": "--curve-ps/--no-curve", "prompt": "the prompt keys", "source": "the benchmark source",
+                "data": "the benchmark's problems", "audit": "the evaluation's version"}
+
+
+def _changed(saved: dict, fields: dict) -> list[str]:
+    """How a part's saved fingerprint fields ``saved`` and this run's ``fields`` differ, each named as its flag,
+    with both values where they are short (``--n 4 -> 1``)."""
+    out = []
+    for key in [*fields, *(k for k in saved if k not in fields)]:
+        old, new = saved.get(key), fields.get(key)
+        if old == new:
+            continue
+        if key in ("senior", "junior"):  # [path, the files' names, sizes and times]
+            paths = [v[0] if isinstance(v, list) and v else None for v in (old, new)]
+            out.append(f"the {key} {paths[0]} -> {paths[1]}" if paths[0] != paths[1] else
+                       f"the {key}'s files (changed in {paths[1]} since)")
+            continue
+        name = _FIELD_NAMES.get(key) or FLAGS.get(key, "--" + key.replace("_", "-"))
+        short = all(len(str(v)) <= 40 for v in (old, new))
+        out.append(f"{name} {old} -> {new}" if short and key not in ("data", "audit") else name)
+    return out
+
+
+def _read_part(part: Path) -> dict:
+    """A part file's object ({} where it is no JSON object)."""
+    try:
+        saved = json.loads(part.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _stale_parts(opts: EvalOptions, benches: dict):
+    """``(part, its saved fields or None, this run's fields)`` of every finished part under ``--out`` that this
+    run would compute with another fingerprint."""
+    many = len(opts.juniors) > 1
+    for jname, jpath in opts.juniors.items():
+        for name, path in opts.seniors.items():
+            for bname, (src, examples) in benches.items():
+                part = Path(opts.out) / "parts" / f"{slug(pair_label(name, jname, many))}__{slug(bname)}.json"
+                if not part.is_file():
+                    continue
+                fields, saved = _fingerprint_fields(opts, path, src, examples, jpath), _read_part(part)
+                if saved.get("fingerprint") != _hash(fields):
+                    inputs = saved.get("inputs")
+                    yield part, inputs if isinstance(inputs, dict) else None, fields
+
+
+def check_finished_parts(opts: EvalOptions, benches: dict) -> None:
+    """Refuse, before any model loads, to replace a finished part under ``--out`` that another evaluation
+    (other options, models or problems) computed: one line naming the part and what differs, and that
+    ``--overwrite`` recomputes it (or another ``--out`` keeps both). Parts of this run's fingerprint are reused."""
+    from tandem_rlvr.errors import ConfigError
+
+    if opts.overwrite:
+        return
+    stale = list(_stale_parts(opts, benches))
+    if not stale:
+        return
+    (part, saved, fields), more = stale[0], f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+    what = ("was computed with other options, models or problems (it records no option: an older version's)"
+            if saved is None else "was computed with other inputs: " + "; ".join(_changed(saved, fields)))
+    raise ConfigError(f"eval --out {opts.out}: the finished part {part.relative_to(opts.out)}{more} {what}; pass "
+                      "--overwrite to recompute it (replacing it), or give another --out")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -213,14 +291,15 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
     from tandem_rlvr.evaluation.evaluate import EvalSettings
     from tandem_rlvr.io import AtomicJsonl, atomic_write_json
     from tandem_rlvr.evaluation.metrics import macro_average
-    from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
+    from tandem_rlvr.models import check_output_rows, freeze, load_causal_lm, load_tokenizer
 
     out, device, dtype = Path(opts.out), *_device_dtype(opts)
     tok = load_tokenizer(path, trust_remote_code=opts.trust_remote_code, role=f"senior {name!r}")
     senior, engine, per, label = None, None, {}, label or name
     try:
         for bname, (src, examples) in benches.items():
-            fp = _fingerprint(opts, path, src, examples, junior_path)
+            inputs = _fingerprint_fields(opts, path, src, examples, junior_path)
+            fp = _hash(inputs)
             part = out / "parts" / f"{slug(label)}__{slug(bname)}.json"
             chains = out / "chains" / slug(label) / f"{slug(bname)}.jsonl"
             if not opts.overwrite and part.is_file() and chains.is_file():
@@ -232,6 +311,7 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
             if senior is None:
                 senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
                                                role=f"senior {name!r}")).to(device)
+                check_output_rows(senior, tok, path, f"senior {name!r}")
                 if same_vocabulary(senior, junior, tok, junior_tok):
                     engine = _engine(opts, path, junior_path or opts.junior, dtype, tok, senior, junior,
                                      (reach or {}).get(path))
@@ -246,7 +326,7 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
                                                scorer=scorer, sink=sink.write, keep_chains=False, engine=engine,
                                                labels={"senior": name, "junior": junior_name, "benchmark": bname})
             metrics["time_s"] = time.perf_counter() - t0
-            atomic_write_json(part, {"fingerprint": fp, "metrics": metrics})
+            atomic_write_json(part, {"fingerprint": fp, "inputs": inputs, "metrics": metrics})
             per[bname] = metrics
     finally:  # a vLLM engine holds its --vllm-memory share until shut down: the next senior's could not start
         if engine is not None:
@@ -301,7 +381,7 @@ def _warn_other_prompt(opts: EvalOptions, name: str, path: str) -> None:
 def run_eval(opts: EvalOptions) -> dict:
     """Run a whole evaluation; returns the ``eval.json`` object (also written with the other outputs)."""
     from tandem_rlvr.io import atomic_write_json
-    from tandem_rlvr.models import freeze, load_causal_lm, load_tokenizer
+    from tandem_rlvr.models import check_output_rows, freeze, load_causal_lm, load_tokenizer
     from tandem_rlvr.evaluation.report import write_eval_csv, write_eval_report
     from tandem_rlvr.evaluation.evaluate import EvalSettings, open_scorer
     from tandem_rlvr.evaluation.matrix import write_matrix_report
@@ -312,6 +392,7 @@ def run_eval(opts: EvalOptions) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     device, dtype = _device_dtype(opts)
     benches = _load_benchmarks(opts)
+    check_finished_parts(opts, benches)  # no finished result is replaced without --overwrite
     juniors = opts.juniors
     # every model's config, tokenizer and context, the output directory: before any forward pass
     reach = preflight.check_eval(opts, juniors, benches)
@@ -325,6 +406,7 @@ def run_eval(opts: EvalOptions) -> dict:
             trc, role = opts.trust_remote_code, f"junior {jname!r}" if len(juniors) > 1 else "junior"
             junior_tok = load_tokenizer(jpath, trust_remote_code=trc, role=role)
             junior = freeze(load_causal_lm(jpath, dtype=dtype, trust_remote_code=trc, role=role)).to(device)
+            check_output_rows(junior, junior_tok, jpath, role)
             for name, path in opts.seniors.items():
                 label = pair_label(name, jname, len(juniors) > 1)
                 results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, jname, jpath,

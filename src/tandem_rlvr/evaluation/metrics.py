@@ -187,7 +187,11 @@ def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
     keys = [k for k in rows[0] if all(k in r for r in rows)]
     for key in keys:
         vals = [r[key] for r in rows]
-        if key in COUNT_KEYS and isinstance(vals[0], Mapping):  # counts by reason (and seconds)
+        # a number with no data is NaN, or None once read back from a part (JSON has no NaN): typed by the others
+        first = next((v for v in vals if v is not None), None)
+        if first is None:
+            out[key] = None
+        elif key in COUNT_KEYS and isinstance(vals[0], Mapping):  # counts by reason (and seconds)
             out[key] = {s: _total(v.get(s, 0) for v in vals) for s in vals[0]}
         elif key in COUNT_KEYS:
             out[key] = _total(vals)
@@ -201,9 +205,9 @@ def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
             out[key] = {s: nanmean(v[s] for v in vals) for s in subkeys}
         elif isinstance(vals[0], (list, tuple)):
             out[key] = [nanmean(col) for col in zip(*vals)]
-        elif key.endswith("_se") and isinstance(vals[0], (int, float)):
-            out[key] = math.sqrt(sum(float(v) ** 2 for v in vals)) / len(vals)  # s.e. of a mean of means
-        elif isinstance(vals[0], (int, float)) and not isinstance(vals[0], bool):
+        elif key.endswith("_se") and isinstance(first, (int, float)):
+            out[key] = math.sqrt(sum(float("nan" if v is None else v) ** 2 for v in vals)) / len(vals)  # of a mean of means
+        elif isinstance(first, (int, float)) and not isinstance(first, bool):
             out[key] = nanmean(vals)
     return out
 
