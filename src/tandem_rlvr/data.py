@@ -39,6 +39,7 @@ __all__ = [
     "HubSource",
     "PromptFormat",
     "build_user_turn",
+    "encode_prompt_texts",
     "holdout_indices",
     "load_examples",
     "render_prompt",
@@ -466,6 +467,19 @@ def prompt_format(cfg) -> PromptFormat:
     return PromptFormat.of(d.prompt_template, d.system_prompt, d.chat_template_kwargs)
 
 
+def encode_prompt_texts(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of rendered prompts without the tokenizer's special tokens (a chat template writes its own BOS,
+    or none, into the text), but a plain-template prompt (no chat template) starts with the BOS that the
+    tokenizer's default encoding puts in front (Gemma's, Llama's), as its pretraining texts did."""
+    if not texts:
+        return []
+    enc = [list(e) for e in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if getattr(tokenizer, "chat_template", None) or bos is None or tokenizer("a")["input_ids"][:1] != [bos]:
+        return enc
+    return [e if e[:1] == [bos] else [bos] + e for e in enc]
+
+
 def encode_prompts(tokenizer, examples: Sequence, *, max_prompt_tokens: int | None = None,
                    what: str = "eval") -> tuple[list[int], list[list[int]]]:
     """Chat-rendered prompt ids of ``examples``; returns ``(kept example indices, ids)``.
@@ -474,7 +488,7 @@ def encode_prompts(tokenizer, examples: Sequence, *, max_prompt_tokens: int | No
     and counted by callers.
     """
     texts = [render_prompt(tokenizer, ex.problem) for ex in examples]
-    enc = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    enc = encode_prompt_texts(tokenizer, texts)
     keep = [i for i, e in enumerate(enc) if max_prompt_tokens is None or len(e) <= max_prompt_tokens]
     if len(keep) < len(enc):
         logger.warning("%s: skipped %d of %d prompts longer than %d tokens", what, len(enc) - len(keep), len(enc),

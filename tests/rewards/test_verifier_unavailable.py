@@ -16,7 +16,7 @@ def test_a_checker_that_cannot_import_is_an_error_naming_reward_and_cause(monkey
     the evaluation exited 0."""
     from tandem_rlvr.rewards import RewardScorer, workers
 
-    monkeypatch.setattr(workers, "worker_argv", lambda fd, mb: [sys.executable, "-c", "raise ImportError('broken')"])
+    monkeypatch.setattr(workers, "worker_argv", lambda fd, mb, *pid: [sys.executable, "-c", "raise ImportError('broken')"])
     with RewardScorer("gsm8k", num_workers=1, time_limit=1.0) as sc:
         with pytest.raises(VerifierUnavailable) as e:
             sc.score([r"so \boxed{\frac{1}{2}}"] * 3, ["#### 1/2"] * 3)

@@ -15,7 +15,9 @@ only); this module plays the turns:
    where a coin hands the next token to the other author: every emitted token is fed to the schedule
    in the author's own vocabulary, the coin falls *after* a word-start token or after ``max_gap`` tokens
    without one, exactly as in the lockstep engine, and the token that preceded the coin stays in the turn;
-3. the turn's text joins the row's history with its owner (character spans); the chain ends on EOS
+3. the turn's text (decoded after the author's last tokens of the text so far, :func:`decode_after`, so that
+   the joined text is the decoding of the whole token sequence: a SentencePiece ``"▁word"`` keeps its space)
+   joins the row's history with its owner (character spans); the chain ends on EOS
    (``eos``), on its budget (``budget``), past ``max_rounds`` turns (``max_rounds``) or, where
    :attr:`TurnRules.stop_empty`, on a turn of whitespace only (``empty_turn``).
 
@@ -36,8 +38,9 @@ from tandem_rlvr.engines.handoff import STEP_END, CoinStream, Schedule, Sequence
 from tandem_rlvr.engines.types import Rollout, Sampling, rollout_from_rows, sample_tokens
 from tandem_rlvr.errors import BridgeError
 
-__all__ = ["Chain", "Side", "Stream", "Turn", "TurnRules", "chains_to_rollout", "decode_turn", "encode_texts",
-           "truncate_to_context", "make_side", "run_turns", "senior_token_owner", "senior_used", "start_chains"]
+__all__ = ["Chain", "Side", "Stream", "Turn", "TurnRules", "chains_to_rollout", "decode_after", "decode_turn",
+           "encode_texts", "truncate_to_context", "make_side", "run_turns", "senior_token_owner", "senior_used",
+           "start_chains"]
 
 
 @dataclass
@@ -176,7 +179,15 @@ def start_chains(schedule: Schedule, coins: CoinStream, budget: int) -> list[Cha
 
 
 def encode_texts(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each text, without special tokens (empty lists for empty texts)."""
+    """Token ids of each rendered prompt (:func:`tandem_rlvr.data.encode_prompt_texts`: no special tokens, but a
+    plain-template prompt's BOS where the tokenizer adds one); empty lists for empty texts."""
+    from tandem_rlvr.data import encode_prompt_texts
+
+    return [[] for _ in texts] if all(not t for t in texts) else encode_prompt_texts(tokenizer, texts)
+
+
+def _encode_history(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each row's text so far (it follows the prompt: no special tokens)."""
     if all(not t for t in texts):
         return [[] for _ in texts]
     return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
@@ -194,12 +205,12 @@ def run_turns(sides: tuple[Side, Side], prompt_ids: tuple[list[list[int]], list[
             rows = [b for b, c in enumerate(chains) if not c.done and c.author == is_senior]
             if not rows:
                 continue
-            history = encode_texts(side.tokenizer, [chains[b].text for b in rows])
+            history = _encode_history(side.tokenizer, [chains[b].text for b in rows])
             seqs, caps, cut = truncate_to_context([prompt_ids[who][b] + h for b, h in zip(rows, history)],
                                                   [chains[b].remaining for b in rows], rules.contexts[who])
             truncations += cut
             turns = decode_turn(side, seqs, caps, sampling, gen, [chains[b].sched for b in rows])
-            texts = [_turn_text(side, t, step_level) for t in turns]
+            texts = [_turn_text(side, t, step_level, h[-CONTEXT_TOKENS:]) for t, h in zip(turns, history)]
             for b, turn, text in zip(rows, turns, texts):
                 chains[b].turns.append((is_senior, turn.ids))
                 chains[b].add(text, int(is_senior))
@@ -280,13 +291,30 @@ def decode_turn(side: Side, seqs: list[list[int]], caps: list[int], sampling: Sa
     return [Turn(out_BT[b, :length[b]].tolist(), bool(hit_eos[b]), bool(ended[b])) for b in range(B)]
 
 
-def _turn_text(side: Side, turn: Turn, step_level: bool) -> str:
-    """The text a turn adds: decoded without EOS; a step-level turn cut after its first ``"\\n\\n"`` (the
-    rest of that last token is dropped, as a stop string would)."""
+CONTEXT_TOKENS = 8  # the author's last tokens of the text so far that a turn is decoded after
+
+
+def _turn_text(side: Side, turn: Turn, step_level: bool, context: list[int]) -> str:
+    """The text a turn adds: decoded without EOS after ``context`` (see :func:`decode_after`); a step-level
+    turn cut after its first ``"\\n\\n"`` (the rest of that last token is dropped, as a stop string would)."""
     ids = turn.ids[:-1] if turn.hit_eos else turn.ids
-    text = side.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    text = decode_after(side.tokenizer, context, ids)
     cut = text.find(STEP_END) if step_level else -1
     return text[:cut + len(STEP_END)] if cut >= 0 else text
+
+
+def decode_after(tokenizer, context: list[int], ids: list[int]) -> str:
+    """The text ``ids`` add after ``context`` (the author's own encoding of the text so far, its last few
+    tokens): ``decode(context + ids)`` past ``decode(context)``. Decoded alone, a turn would lose what its first
+    token means in context, e.g. the space of a SentencePiece ``"▁answer"`` (the decoder strips the first
+    one), gluing ``"The" + "answer"``. Where the two decodings disagree on the context's own text (byte
+    tokens of the turn that merge with the context's into one undecodable sequence) the turn is decoded alone:
+    the text already written is never rewritten."""
+    kw = {"skip_special_tokens": True, "clean_up_tokenization_spaces": False}
+    if not context:
+        return tokenizer.decode(ids, **kw)
+    head, whole = tokenizer.decode(context, **kw), tokenizer.decode(list(context) + list(ids), **kw)
+    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(ids, **kw)
 
 
 def truncate_to_context(seqs: list[list[int]], caps: list[int], context: int | None) -> tuple[list, list, int]:

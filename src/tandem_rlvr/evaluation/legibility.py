@@ -35,7 +35,8 @@ __all__ = ["BpbSink", "bits_per_byte"]
 
 def _rows(tokenizer, prompts: Sequence[str], texts: Sequence[str], context: int | None) -> list[dict]:
     """Per chain: the (left-truncated) input ids, the index of the first scored position, the bytes."""
-    p_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    from tandem_rlvr.data import encode_prompt_texts  # the prompt ids sampling read (a plain prompt's BOS)
+    p_ids = encode_prompt_texts(tokenizer, list(prompts))
     enc = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
     rows = []
     for p, t, offs, text in zip(p_ids, enc["input_ids"], enc["offset_mapping"], texts):

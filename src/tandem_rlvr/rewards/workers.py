@@ -7,7 +7,9 @@ math-verify's handlers do not swallow it) and by a memory cap: a thread ends the
 parent starts a new worker; the parent also reads a busy worker's memory (that thread cannot run while a
 check holds the GIL in C code). An address space of twice the cap, at least the cap + 1 GiB, is a hard
 limit far behind it (math-verify swallows the ``MemoryError`` of a failed allocation, so that alone would
-score 0 unnoticed).
+score 0 unnoticed). A worker ignores SIGINT, SIGTERM and SIGUSR1: sent to the whole process group (Ctrl-C, SLURM's
+preemption), they are the parent's to act on, which finishes the checks in flight and closes the workers; on
+Linux a worker started by the parent's main thread is SIGKILLed by the kernel when the parent dies.
 Parent side: :class:`Worker`, one killable process (a fresh interpreter by default, which imports only
 this module, started without the current directory on its ``sys.path``) with its connection, the
 bounded-time reaping used at shutdown, and :func:`kill_all`, which ends every live worker of this
@@ -145,17 +147,43 @@ def _cap_memory(memory_limit_mb: int | None) -> None:
     threading.Thread(target=_guard_memory, args=(cap,), name="memory-cap", daemon=True).start()
 
 
-def _worker_setup(memory_limit_mb: int | None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+# Ctrl-C and the preemption signals that SLURM & co. send to the whole process group are the parent's business:
+# it finishes the step (the checks in flight included) and closes the workers itself.
+IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Linux: have the kernel SIGKILL this worker when the thread that started it ends (``PR_SET_PDEATHSIG``;
+    ``parent_pid`` is given only for a worker started by a main thread, which lives as long as its process), so a
+    worker busy in C code does not outlive a parent killed outright, now that it ignores the group's SIGTERM."""
+    if parent_pid is None:
+        return
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):  # not Linux: an idle worker still ends at its connection's EOF
+        return
+    if os.getppid() != parent_pid:  # the parent died before the prctl
+        os._exit(0)
+
+
+def _worker_setup(memory_limit_mb: int | None, parent_pid: int | None = None) -> None:
+    for name in IGNORED_SIGNALS:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    _die_with_parent(parent_pid)
     signal.signal(signal.SIGALRM, _on_alarm)
     _cap_memory(memory_limit_mb)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notices
     _verify_pair("1", "1")  # import math-verify and its LaTeX parser once, before reporting ready
 
 
-def _worker_main(conn: Any, memory_limit_mb: int | None) -> None:
+def _worker_main(conn: Any, memory_limit_mb: int | None, parent_pid: int | None = None) -> None:
     """Worker loop: report ready, then answer (job_id, gold, pred, soft_limit) until None or EOF."""
-    _worker_setup(memory_limit_mb)
+    _worker_setup(memory_limit_mb, parent_pid)
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -168,9 +196,9 @@ def _worker_main(conn: Any, memory_limit_mb: int | None) -> None:
         conn.send((job_id, *_run_job(gold, pred, soft_limit)))
 
 
-def subprocess_entry(fd: int, memory_limit_mb: int | None) -> None:
+def subprocess_entry(fd: int, memory_limit_mb: int | None, parent_pid: int | None = None) -> None:
     """Entry point of a subprocess worker: ``fd`` is its end of a socket pair."""
-    _worker_main(mp_connection.Connection(fd), memory_limit_mb)
+    _worker_main(mp_connection.Connection(fd), memory_limit_mb, parent_pid)
 
 
 # -- parent side ---------------------------------------------------------------------------------
@@ -203,12 +231,16 @@ class Worker:
         self.conn = parent
 
     def _launch(self, child: Any) -> Any:
+        # the worker dies with this process where it is this process's child and is started by the main thread
+        # (the kernel's parent-death signal follows the starting thread); a forkserver's child is the server's
+        own = self.method != "forkserver" and threading.current_thread() is threading.main_thread()
+        parent_pid = os.getpid() if own else None
         if self.method == "subprocess":
-            proc = subprocess.Popen(worker_argv(child.fileno(), self.memory_limit_mb), pass_fds=(child.fileno(),),
-                                    stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(worker_argv(child.fileno(), self.memory_limit_mb, parent_pid),
+                                    pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
         else:
             ctx = multiprocessing.get_context(self.method)
-            proc = ctx.Process(target=_worker_main, args=(child, self.memory_limit_mb), daemon=True)
+            proc = ctx.Process(target=_worker_main, args=(child, self.memory_limit_mb, parent_pid), daemon=True)
             proc.start()
         _LIVE[proc] = os.getpid()
         return proc
@@ -237,14 +269,15 @@ class Worker:
             _LIVE.pop(proc, None)
 
 
-def worker_argv(fd: int, memory_limit_mb: int | None) -> list[str]:
+def worker_argv(fd: int, memory_limit_mb: int | None, parent_pid: int | None = None) -> list[str]:
     """The command line of a subprocess worker. ``python -c`` puts the current directory first on ``sys.path``
     (a ``sympy.py`` there would shadow the real module): the worker drops it before any import, and finds this
     package where this process found it (installed, ``PYTHONPATH`` or an editable install alike)."""
     src = str(Path(__file__).resolve().parents[2])
     code = (
         f"import sys; sys.path[:] = [{src!r}] + [p for p in sys.path if p not in ('', {src!r})]; "
-        f"from tandem_rlvr.rewards.workers import subprocess_entry; subprocess_entry({fd}, {memory_limit_mb!r})"
+        f"from tandem_rlvr.rewards.workers import subprocess_entry; "
+        f"subprocess_entry({fd}, {memory_limit_mb!r}, {parent_pid!r})"
     )
     return [sys.executable, "-c", code]
 
