@@ -412,6 +412,18 @@ class _Rank:
         self.process_index, self.num_processes, self.is_main_process = rank, 2, rank == 0
 
 
+def _broadcast_to(sent: list):
+    """A stand-in for ``broadcast_object_list`` over two ranks called in turn: rank 0 sends first (its objects
+    land in ``sent``); the other rank receives what it sent."""
+    def broadcast(objs, from_process=0):
+        if not sent:
+            sent.append(list(objs))
+        else:
+            objs[:] = sent[0]
+        return objs
+    return broadcast
+
+
 def test_every_rank_stops_with_the_main_processs_lock_verdict(tmp_path, monkeypatch):
     """Rank 0 takes the lock (or is refused); what it found is broadcast, so every rank raises the same line
     and no rank but the main one touches the directory."""
@@ -423,14 +435,7 @@ def test_every_rank_stops_with_the_main_processs_lock_verdict(tmp_path, monkeypa
     cfg = _cfg(run)
     sent: list = []
 
-    def broadcast(objs, from_process=0):  # rank 0 sends first; the other rank receives what it sent
-        if not sent:
-            sent.append(list(objs))
-        else:
-            objs[:] = sent[0]
-        return objs
-
-    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", _broadcast_to(sent))
     p = _holder(run)
     try:
         errors = []
@@ -458,14 +463,7 @@ def test_every_rank_takes_the_main_processs_checkpoint_and_error(tmp_path, monke
 
     run, cfg, sent, chosen = tmp_path / "run", _cfg(tmp_path / "run"), [], tmp_path / "run" / "checkpoints" / "step-4"
 
-    def broadcast(objs, from_process=0):
-        if not sent:
-            sent.append(list(objs))
-        else:
-            objs[:] = sent[0]
-        return objs
-
-    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", _broadcast_to(sent))
     monkeypatch.setattr(rundir, "open_run", lambda *a: ("lock", chosen))
     assert build._prepare_run_dir(_Rank(0), cfg, restart=False) == ("lock", chosen)
     assert build._prepare_run_dir(_Rank(1), cfg, restart=False) == (None, chosen)  # nothing at run/ here
