@@ -214,7 +214,7 @@ def fit_train_prompts(cfg, examples, tok, contexts: list, jtok=None):
     budget, within every model's context (:func:`tandem_rlvr.context.fit_context`; a junior with its own
     tokenizer measures the prompt in its own template). Returns ``(example indices, prompt ids, plan)``."""
     from tandem_rlvr.context import fit_context
-    from tandem_rlvr.data import encode_prompts, render_prompt
+    from tandem_rlvr.data import encode_prompt_texts, encode_prompts, render_prompt
 
     r = cfg.rollout
     keep, ids = encode_prompts(tok, examples, max_prompt_tokens=r.max_prompt_tokens, what="data (rollout.max_prompt_tokens)")
@@ -223,8 +223,8 @@ def fit_train_prompts(cfg, examples, tok, contexts: list, jtok=None):
     lens = [len(x) for x in ids]
     models = [(contexts[0], lens)]
     for ctx in contexts[1:]:
-        jl = lens if jtok is None else [len(jtok(render_prompt(jtok, examples[i].problem), add_special_tokens=False)["input_ids"])
-                                        for i in keep]
+        jl = lens if jtok is None else [len(e) for e in encode_prompt_texts(jtok, [render_prompt(jtok, examples[i].problem)
+                                                                                    for i in keep])]
         models.append((ctx, jl))
     plan = fit_context(models, r.max_new_tokens, budget_key="rollout.max_new_tokens", prompt_key="rollout.max_prompt_tokens",
                        max_prompt_tokens=r.max_prompt_tokens, what="train")
