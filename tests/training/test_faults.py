@@ -470,6 +470,7 @@ def test_two_processes_with_a_late_engine_call_both_exit_2(tmp_path, model_dirs)
     assert codes == [2, 2], errs[0][-2000:] + errs[1][-2000:]
     for err in errs:
         assert "within 1 s (rollout.vllm_timeout_s)" in err and "Traceback" not in err and "terminate" not in err
+        assert "the rollout (call 3)" in err  # the late call, after two steps and their checkpoints
     for r in range(2):
         assert (tmp_path / f"order.txt.rank{r}").read_text().split() == ["engine.close", "close_process_group"]
     assert integrity.damage(checkpoint.newest_intact_checkpoint(tmp_path / "run")) is None
