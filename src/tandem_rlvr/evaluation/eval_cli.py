@@ -176,6 +176,11 @@ def _changed(saved: dict, fields: dict) -> list[str]:
     return out
 
 
+def _part_path(out: Path, label: str, bench: str) -> Path:
+    """The finished part of one (pair label, benchmark) under ``--out``."""
+    return out / "parts" / f"{slug(label)}__{slug(bench)}.json"
+
+
 def _read_part(part: Path) -> dict:
     """A part file's object ({} where it is no JSON object)."""
     try:
@@ -192,7 +197,7 @@ def _stale_parts(opts: EvalOptions, benches: dict):
     for jname, jpath in opts.juniors.items():
         for name, path in opts.seniors.items():
             for bname, (src, examples) in benches.items():
-                part = Path(opts.out) / "parts" / f"{slug(pair_label(name, jname, many))}__{slug(bname)}.json"
+                part = _part_path(Path(opts.out), pair_label(name, jname, many), bname)
                 if not part.is_file():
                     continue
                 fields, saved = _fingerprint_fields(opts, path, src, examples, jpath), _read_part(part)
@@ -300,10 +305,10 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
         for bname, (src, examples) in benches.items():
             inputs = _fingerprint_fields(opts, path, src, examples, junior_path)
             fp = _hash(inputs)
-            part = out / "parts" / f"{slug(label)}__{slug(bname)}.json"
+            part = _part_path(out, label, bname)
             chains = out / "chains" / slug(label) / f"{slug(bname)}.jsonl"
             if not opts.overwrite and part.is_file() and chains.is_file():
-                saved = json.loads(part.read_text(encoding="utf-8"))
+                saved = _read_part(part)
                 if saved.get("fingerprint") == fp:
                     log.info("reusing finished %s / %s from %s", name, bname, part)
                     per[bname] = saved["metrics"]
