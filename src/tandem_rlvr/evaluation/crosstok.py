@@ -4,7 +4,9 @@
 
 - **same vocabulary** (every token string maps to the same id and the output layers have the same
   rows): :func:`tandem_rlvr.evaluation.evaluate.evaluate_pair` unchanged (lockstep handoff, word-level curve,
-  nats/token, top-1, KL), plus bits-per-byte legibility;
+  nats/token, top-1, KL), plus bits-per-byte legibility. One tokenizer with output layers of different sizes
+  (Qwen2.5-0.5B has 151,936 rows, Qwen2.5-7B 152,064: padding past the tokenizer's ids) is run as one vocabulary
+  over the rows both have (:func:`shared_output_rows`);
 - **different tokenizers**: the solo chains as usual (the senior alone needs no junior), the step
   handoff through text (:func:`bridge_handoff`), the handoff-rate curve with word-level handoffs on
   text (:func:`word_bridge`), both played by the turn driver (:mod:`tandem_rlvr.engines.turns`),
@@ -26,6 +28,7 @@ prompt + history + turn reads the history truncated from the left (``handoff_con
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -51,13 +54,50 @@ NA = "n/a (different tokenizers)"
 NA_KEYS = ("junior_ce", "junior_top1", "junior_ce_by_decile", "kl_senior_junior", "kl_senior_junior_exact")
 STOPS = ("eos", "budget", "max_rounds", "empty_turn")
 
-__all__ = ["NA", "STOPS", "bridge_handoff", "evaluate_any_pair", "text_tandem", "word_bridge", "same_vocabulary", "template_kind"]
+__all__ = ["NA", "STOPS", "bridge_handoff", "evaluate_any_pair", "text_tandem", "word_bridge", "same_vocabulary",
+           "shared_output_rows", "template_kind"]
 
 
 def same_vocabulary(senior, junior, s_tok, j_tok) -> bool:
     """True when the lockstep engine can pair the two: same token→id map and same output rows."""
     rows = [m.get_output_embeddings().weight.shape[0] for m in (senior, junior)]
     return not tokenizers_differ(s_tok, j_tok) and rows[0] == rows[1]
+
+
+@contextlib.contextmanager
+def shared_output_rows(senior, junior, s_tok, j_tok):
+    """Within the block, a pair with one tokenizer whose output layers differ in size has the larger layer cut to
+    the smaller's rows (a view of its weight, no copy; restored on exit), so the pair runs as one vocabulary.
+
+    The rows cut are ids past every id of the shared tokenizer, which no text encodes: the larger model's
+    distribution is renormalized over the ids both can name, and the probability it put on the cut rows is
+    dropped (a trained model puts next to none there). Yields a one-line note of what was cut, or None when
+    nothing was (same rows, different tokenizers, a tokenizer longer than the smaller layer, an output layer
+    that is not a plain ``nn.Linear``).
+    """
+    heads = [m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None for m in (senior, junior)]
+    if not all(isinstance(h, torch.nn.Linear) for h in heads):
+        yield None
+        return
+    rows = [h.weight.shape[0] for h in heads]
+    keep = min(rows)
+    if rows[0] == rows[1] or tokenizers_differ(s_tok, j_tok) or len(s_tok) > keep:
+        yield None
+        return
+    role = "senior" if rows[0] > rows[1] else "junior"
+    big = heads[0] if role == "senior" else heads[1]
+    weight, bias, features = big.weight, big.bias, big.out_features
+    big.weight = torch.nn.Parameter(weight.detach()[:keep], requires_grad=False)
+    if bias is not None:
+        big.bias = torch.nn.Parameter(bias.detach()[:keep], requires_grad=False)
+    big.out_features = keep
+    log.info("one tokenizer (%d ids), output layers of %d (senior) and %d (junior) rows: the %s's cut to the first %d",
+             len(s_tok), rows[0], rows[1], role, keep)
+    try:
+        yield (f"senior {rows[0]} rows, junior {rows[1]}: the {role}'s output layer cut to the first {keep} "
+               f"(the tokenizer has {len(s_tok)} ids)")
+    finally:
+        big.weight, big.bias, big.out_features = weight, bias, features
 
 
 def template_kind(tokenizer) -> str:
@@ -185,21 +225,26 @@ def evaluate_any_pair(senior, junior, senior_tokenizer, junior_tokenizer, exampl
     Keyword arguments are those of :func:`tandem_rlvr.evaluation.evaluate.evaluate_pair` (the grader, labels,
     ``keep_chains``, the engine, and changes to the settings' fields). Every solo chain also gets ``junior_bpb``
     (the junior's bits per UTF-8 byte of its text, :mod:`tandem_rlvr.evaluation.legibility`); the metrics get
-    ``junior_bpb`` and its counts, and ``vocabulary``: ``shared`` or ``different``.
+    ``junior_bpb`` and its counts, ``vocabulary``: ``shared`` or ``different``, and where one output layer was
+    cut to the other's rows (:func:`shared_output_rows`) ``output_rows``: what was cut.
     """
     from tandem_rlvr.evaluation.evaluate import evaluate_pair  # looked up per call (tests replace it)
 
     fields = {f.name for f in dataclasses.fields(EvalSettings)}
     s = (settings or EvalSettings()).but(**{k: io.pop(k) for k in list(io) if k in fields})
-    scorer = L.BpbSink(junior, junior_tokenizer, examples, sink, batch=s.score_batch, chunk_tokens=s.chunk_tokens)
-    if same_vocabulary(senior, junior, senior_tokenizer, junior_tokenizer):
-        metrics, chains = evaluate_pair(senior, junior, senior_tokenizer, examples, s, sink=scorer, **io)
-        metrics["vocabulary"] = "shared"
-    else:
-        metrics, chains = _cross_pair(senior, junior, senior_tokenizer, junior_tokenizer, examples, s, sink=scorer, **io)
-        metrics["vocabulary"] = "different"
-    scorer.flush()
+    with shared_output_rows(senior, junior, senior_tokenizer, junior_tokenizer) as cut:
+        scorer = L.BpbSink(junior, junior_tokenizer, examples, sink, batch=s.score_batch, chunk_tokens=s.chunk_tokens)
+        if same_vocabulary(senior, junior, senior_tokenizer, junior_tokenizer):
+            metrics, chains = evaluate_pair(senior, junior, senior_tokenizer, examples, s, sink=scorer, **io)
+            metrics["vocabulary"] = "shared"
+        else:
+            metrics, chains = _cross_pair(senior, junior, senior_tokenizer, junior_tokenizer, examples, s, sink=scorer,
+                                          **io)
+            metrics["vocabulary"] = "different"
+        scorer.flush()
     metrics.update(scorer.summary())
+    if cut:
+        metrics["output_rows"] = cut
     return metrics, chains
 
 

@@ -11,6 +11,7 @@ where it stopped (``--overwrite`` recomputes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import json
@@ -287,20 +288,47 @@ def _engine(opts: EvalOptions, path: str, junior_path: str, dtype: str, tok, sen
                         eos_token_ids=eos_ids(tok, senior), pad_token_id=tok.pad_token_id)
 
 
+def _load_senior(opts: EvalOptions, name: str, path: str, tok, junior, junior_tok, junior_name: str,
+                 junior_path: str | None, reach: dict | None, rows: contextlib.ExitStack):
+    """Load a senior for ``junior``: ``(senior, engine, cut)``. With one tokenizer but output layers of different
+    sizes, the larger is cut to the shared rows until ``rows`` closes (``cut`` says what was cut, else None); the
+    engine is built where the two share a vocabulary, else None (the text bridge)."""
+    from tandem_rlvr.config import ConfigError
+    from tandem_rlvr.evaluation.crosstok import same_vocabulary, shared_output_rows
+    from tandem_rlvr.models import check_output_rows, freeze, load_causal_lm
+
+    device, dtype = _device_dtype(opts)
+    senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
+                                   role=f"senior {name!r}")).to(device)
+    check_output_rows(senior, tok, path, f"senior {name!r}")
+    cut = rows.enter_context(shared_output_rows(senior, junior, tok, junior_tok))
+    if cut and opts.engine == "vllm":
+        raise ConfigError(f"eval: --engine vllm needs output layers of one size; senior {name!r} and junior "
+                          f"{junior_name!r} share a tokenizer but not that ({cut}): use --engine hf")
+    if same_vocabulary(senior, junior, tok, junior_tok):
+        engine = _engine(opts, path, junior_path or opts.junior, dtype, tok, senior, junior, (reach or {}).get(path))
+        return senior, engine, cut
+    if opts.engine == "vllm":
+        raise ConfigError(f"eval: --engine vllm needs a senior and junior with one vocabulary; senior {name!r} "
+                          f"and junior {junior_name!r} differ (use --engine hf: the text bridge)")
+    return senior, None, cut
+
+
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
                  junior_name: str = "junior", junior_path: str | None = None, label: str | None = None,
                  reach: dict | None = None, settings=None) -> dict:
     """Every benchmark of one (senior, junior) with the run's ``settings`` (:class:`EvalSettings`, built once from
     ``opts``); a finished part with the same fingerprint is reused."""
-    from tandem_rlvr.evaluation.crosstok import evaluate_any_pair, same_vocabulary, template_kind
+    from tandem_rlvr.evaluation.crosstok import evaluate_any_pair, template_kind
     from tandem_rlvr.evaluation.evaluate import EvalSettings
     from tandem_rlvr.io import AtomicJsonl, atomic_write_json
     from tandem_rlvr.evaluation.metrics import macro_average
-    from tandem_rlvr.models import check_output_rows, freeze, load_causal_lm, load_tokenizer
+    from tandem_rlvr.models import load_tokenizer
 
-    out, device, dtype = Path(opts.out), *_device_dtype(opts)
+    out = Path(opts.out)
     tok = load_tokenizer(path, trust_remote_code=opts.trust_remote_code, role=f"senior {name!r}")
-    senior, engine, per, label = None, None, {}, label or name
+    senior, engine, cut, per, label = None, None, None, {}, label or name
+    rows = contextlib.ExitStack()  # the junior, shared by every senior, gets its own output layer back at the end
     try:
         for bname, (src, examples) in benches.items():
             inputs = _fingerprint_fields(opts, path, src, examples, junior_path)
@@ -314,28 +342,22 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
                     per[bname] = saved["metrics"]
                     continue
             if senior is None:
-                senior = freeze(load_causal_lm(path, dtype=dtype, trust_remote_code=opts.trust_remote_code,
-                                               role=f"senior {name!r}")).to(device)
-                check_output_rows(senior, tok, path, f"senior {name!r}")
-                if same_vocabulary(senior, junior, tok, junior_tok):
-                    engine = _engine(opts, path, junior_path or opts.junior, dtype, tok, senior, junior,
-                                     (reach or {}).get(path))
-                elif opts.engine == "vllm":
-                    from tandem_rlvr.config import ConfigError
-
-                    raise ConfigError(f"eval: --engine vllm needs a senior and junior with one vocabulary; senior {name!r} "
-                                      f"and junior {junior_name!r} differ (use --engine hf: the text bridge)")
+                senior, engine, cut = _load_senior(opts, name, path, tok, junior, junior_tok, junior_name, junior_path,
+                                                   reach, rows)
             t0 = time.perf_counter()
             with AtomicJsonl(chains) as sink:
                 metrics, _ = evaluate_any_pair(senior, junior, tok, junior_tok, examples, settings or EvalSettings.of(opts),
                                                scorer=scorer, sink=sink.write, keep_chains=False, engine=engine,
                                                labels={"senior": name, "junior": junior_name, "benchmark": bname})
             metrics["time_s"] = time.perf_counter() - t0
+            if cut:
+                metrics["output_rows"] = cut
             atomic_write_json(part, {"fingerprint": fp, "inputs": inputs, "metrics": metrics})
             per[bname] = metrics
     finally:  # a vLLM engine holds its --vllm-memory share until shut down: the next senior's could not start
         if engine is not None:
             engine.close()
+        rows.close()
         del senior, engine
         gc.collect()
     return {"per_benchmark": per, "macro": macro_average(per), "junior": junior_name,
