@@ -345,6 +345,21 @@ def test_a_run_lock_symlink_is_never_written_through(tmp_path):
         runlock.acquire(run)
 
 
+@pytest.mark.parametrize("text", ["my notes\n", '{"pid": 12}\n', '["pid", "host", "started"]', "\x00\xff"])
+def test_a_users_own_run_lock_file_is_never_overwritten(tmp_path, text):
+    """A regular file named run.lock that holds anything but a run's holder record (or nothing) is refused in one
+    line, its text untouched; a killed run's record and an empty file are still taken (tested above and below)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.lock").write_bytes(text.encode("latin-1"))
+    for call in (lambda: runlock.acquire(run), lambda: rundir.open_run(run, _cfg(run), restart=False)):
+        with pytest.raises(TandemError, match="its text is not a run's holder record") as e:
+            call()
+        assert "\n" not in str(e.value) and "nothing was changed" in str(e.value)
+        assert (run / "run.lock").read_bytes() == text.encode("latin-1")
+    assert sorted(os.listdir(run)) == ["run.lock"]
+
+
 def test_a_refused_run_leaves_a_foreign_folder_without_a_lock_file(tmp_path):
     """A fresh run refused in a user's folder removes the run.lock it created (and only that one)."""
     run = tmp_path / "data"

@@ -9,7 +9,8 @@ resume: the next run takes the lock and rewrites the file. The file is deleted o
 created it, when the run is then refused (:meth:`RunLock.discard`: a refused run leaves a user's folder as
 it was), and only while still held; a process that locked a file since unlinked (or replaced) tries again, so
 two runs never hold two files of the same name. ``run.lock`` is opened without following a symbolic link,
-and anything there but a regular file is refused (never written through).
+and anything there but a regular file, or a file holding anything but a run's holder record (or nothing), is
+refused (never written through, never overwritten).
 
 The descriptor is not inherited by the processes a run starts (``os.open`` makes it close-on-exec; the
 verifier workers and the demo's jobs are started by exec), so a killed run's children cannot keep its lock.
@@ -35,6 +36,7 @@ from tandem_rlvr.errors import TandemError
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "run.lock"
+HOLDER_KEYS = ("pid", "host", "started")  # what a holder writes into the lock file (and all it may hold)
 _HELD: dict[str, list] = {}  # resolved lock path -> [fd, number of RunLock objects sharing it]
 
 
@@ -117,6 +119,9 @@ def acquire(run_dir: str | Path, *, what: str = "run", option: str = "train.out_
         os.close(fd)
     else:
         raise TandemError(f"could not lock {path}: the file kept being replaced; choose another {option}")
+    if not created and not _holder_record(fd):
+        os.close(fd)
+        raise _not_ours(path, what, option, "its text is not a run's holder record")
     try:
         _write_holder(fd)
     except BaseException:
@@ -145,8 +150,25 @@ def _open_lock_file(path: Path, what: str, option: str) -> tuple[int, bool]:
     if fd is not None:
         os.close(fd)
         why = "not a regular file"
-    raise TandemError(f"{what} directory {str(path.parent)!r} holds {path.name!r}, which is not a lock file a {what} "
-                      f"wrote ({why}): move it away or choose another {option} (nothing was changed)")
+    raise _not_ours(path, what, option, why)
+
+
+def _not_ours(path: Path, what: str, option: str, why: str) -> TandemError:
+    return TandemError(f"{what} directory {str(path.parent)!r} holds {path.name!r}, which is not a lock file a {what} "
+                       f"wrote ({why}): move it away or choose another {option} (nothing was changed)")
+
+
+def _holder_record(fd: int) -> bool:
+    """The existing lock file holds what :func:`_write_holder` writes, or nothing (a run killed between creating
+    the file and writing it): only then is it ours to rewrite; a user's own ``run.lock`` is never overwritten."""
+    data = os.pread(fd, 4097, 0)
+    if not data.strip():
+        return True
+    try:
+        info = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(info, dict) and set(info) == set(HOLDER_KEYS)
 
 
 def _still_at(fd: int, path: Path) -> bool:
@@ -165,8 +187,8 @@ def _key(path: Path) -> str:
 
 def _write_holder(fd: int) -> None:
     """Replace the lock file's contents (in place: the locked file must stay the same file) with who holds it."""
-    info = {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    info = dict(zip(HOLDER_KEYS, (os.getpid(), socket.gethostname(),
+                                  datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))))
     data = (json.dumps(info) + "\n").encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
