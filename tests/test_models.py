@@ -65,6 +65,25 @@ def test_senior_and_junior_with_different_vocabularies(tmp_path, model_dirs):
         load_pair(cfg.model)
 
 
+def test_one_tokenizer_with_output_layers_of_two_sizes_names_the_fix(tmp_path, model_dirs, tokenizer):
+    """Qwen2.5-7B (152,064 rows) with Qwen2.5-0.5B (151,936), one tokenizer: training refuses in one line that says
+    the extra rows are padding and how to cut them; the model saved that way then loads as a pair."""
+    padded = tmp_path / "padded_senior"
+    V = len(tokenizer)
+    model = make_tiny_model(V + 9, seed=0, hidden=48)
+    model.save_pretrained(str(padded))
+    tokenizer.save_pretrained(str(padded))
+    cfg = load_config(None, [f"model.senior={padded}", f"model.junior={model_dirs[1]}"])
+    with pytest.raises(ModelLoadError) as e:
+        load_pair(cfg.model)
+    msg = str(e.value)
+    assert f"has {V + 9} output rows but junior" in msg and f"resize_token_embeddings({V})" in msg and "\n" not in msg
+    model.resize_token_embeddings(V)  # the fix the message names
+    model.save_pretrained(str(padded))
+    pair = load_pair(cfg.model)
+    assert pair.senior.get_output_embeddings().weight.shape[0] == V
+
+
 def test_tokenizer_without_pad_falls_back_to_eos_and_without_either_is_refused(tmp_path, tokenizer):
     from transformers import Qwen2Config
 

@@ -327,10 +327,12 @@ def _check_rows(senior, junior, tok, mcfg) -> None:
     rs = senior.get_output_embeddings().weight.shape[0]
     rj = junior.get_output_embeddings().weight.shape[0]
     if rs != rj:
-        raise ModelLoadError(
-            f"senior {mcfg.senior!r} has {rs} output rows but junior {mcfg.junior!r} has {rj}; "
-            "their logits cannot be compared token by token"
-        )
+        fix = (f"; their tokenizer has {len(tok)} ids, so the rows past it are padding no text encodes: save the model "
+               f"with {max(rs, rj)} rows cut to {min(rs, rj)} (transformers' model.resize_token_embeddings({min(rs, rj)}), "
+               "then save_pretrained) and train with that copy (`tandem-rlvr eval` audits such a pair as it is)"
+               if len(tok) <= min(rs, rj) else "")
+        raise ModelLoadError(f"senior {mcfg.senior!r} has {rs} output rows but junior {mcfg.junior!r} has {rj}; their "
+                             f"logits cannot be compared token by token{fix}")
     check_output_rows(senior, tok, mcfg.senior, "senior")
 
 
