@@ -39,3 +39,28 @@ def test_the_note_appears_exactly_where_the_chunks_differ_from_one_process(steps
 
 def test_one_process_is_the_reference():
     assert chunk_note(0, 8, 8, 1) is None and chunk_note(64, 8, 4, 1) is None
+
+
+@pytest.mark.parametrize("n,warned", [(2, True), (1, False)])
+def test_building_a_run_logs_the_note_on_the_main_process(n, warned, caplog, monkeypatch):
+    """``build._build_parts`` logs ``chunk_note`` as a warning, once (the main process), before anything loads."""
+    from tandem_rlvr.config import load_config
+    from tandem_rlvr.training import build
+
+    class Stop(Exception):
+        pass
+
+    def stop(_seed):
+        raise Stop
+
+    monkeypatch.setattr(build, "seed_everything", stop)  # the call right after the note: nothing else runs
+    cfg = load_config(None, ["model.senior=s", "model.junior=j", "algo.group_size=8", "algo.mini_batch_prompts=8",
+                             "rollout.batch_size=24"])
+    notes = []
+    for rank in range(n):
+        acc = SimpleNamespace(num_processes=n, process_index=rank, is_main_process=rank == 0)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger=build.__name__), pytest.raises(Stop):
+            build._build_parts(cfg, acc, None, None, None, None, None, None, None, None)
+        notes.append([r.getMessage() for r in caplog.records if "rollout.batch_size=24" in r.getMessage()])
+    assert chunk_note(24, 8, 8, 2) and notes == ([[chunk_note(24, 8, 8, n)], []] if warned else [[]])
