@@ -182,6 +182,39 @@ def test_update_forwards_respect_the_micro_batch_and_reuse_recorded_junior_logps
     assert sum(junior) == (16 if arm == "kl_reg" else 0)
 
 
+def test_forward_rows_caps_the_micro_batch_by_the_logits_budget():
+    """Rows per forward: the micro-batch, at most what keeps (rows, T + 1, V) logits within the budget, at least 1."""
+    from tandem_rlvr.training.core import FORWARD_LOGITS, forward_rows
+
+    assert FORWARD_LOGITS == 2 ** 28
+    assert forward_rows(0, 3000, 151936) == 1 and forward_rows(8, 3000, 151936) == 1  # one 3,001 x 151,936 > budget
+    assert forward_rows(0, 112, 495) == 2 ** 28 // (113 * 495) == 4799  # the CPU demo: never binds
+    assert forward_rows(8, 112, 495) == 8 and forward_rows(0, 9, 10, budget=250) == 2 and forward_rows(3, 9, 10, 250) == 2
+    assert forward_rows(0, 9, 10, budget=50) == 1
+
+
+def test_the_no_grad_passes_and_the_update_stay_within_the_logits_budget(tmp_path, tokenizer, trainer_parts,
+                                                                        monkeypatch):
+    """At algo.micro_batch 0 the old and junior log-prob passes read the whole step (16 rows here) in one forward:
+    at a real vocabulary and length that is hundreds of GB. A budget of 3 rows' logits cuts every forward, no-grad
+    and under autograd, to 3 rows, and the step's numbers stay those of one forward (float order)."""
+    from tandem_rlvr.engines import scoring
+    from tandem_rlvr.training import core
+
+    over = ("algo.arm=kl_reg", "algo.kl_beta=0.1", "algo.old_logps=recompute")
+    whole = _one_step(tmp_path / "a", tokenizer, trainer_parts, *over)
+    calls = []
+    real = scoring._forward_logps
+    monkeypatch.setattr(scoring, "_forward_logps",
+                        lambda m, ro, rows, t, *rest: calls.append((len(rows), torch.is_grad_enabled())) or real(m, ro, rows, t, *rest))
+    monkeypatch.setattr(core, "FORWARD_LOGITS", 3 * 13 * len(tokenizer))  # 3 rows of (12 + 1) x V logits
+    cut = _one_step(tmp_path / "b", tokenizer, trainer_parts, *over)
+    assert {n for n, _ in calls} <= {1, 2, 3} and any(not g for _, g in calls) and any(g for _, g in calls)
+    assert sum(n for n, g in calls if not g) == 32, "the senior's old log-probs and the junior's, 16 rows each"
+    for key in ("train/loss", "train/grad_norm", "kl/senior_junior"):
+        assert cut[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+
+
 def test_max_grad_norm_zero_means_no_clipping(tmp_path, tokenizer, trainer_parts):
     tr = _capture_trainer(tmp_path, tokenizer, trainer_parts, "algo.max_grad_norm=0")
     for p in tr.senior.parameters():

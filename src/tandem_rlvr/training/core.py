@@ -32,7 +32,9 @@ from tandem_rlvr.names import LOSS_TYPES, TOKEN_MEAN_LOSSES
 Tensor = torch.Tensor
 
 __all__ = [
+    "FORWARD_LOGITS",
     "LOSS_TYPES",
+    "forward_rows",
     "aggregate",
     "group_advantages",
     "k3_kl",
@@ -163,6 +165,19 @@ def aggregate(
     elif float(num_tokens) <= 0:
         raise ValueError(f"num_tokens must be positive, got {float(num_tokens)}")
     return masked_BT.sum() / num_tokens
+
+
+FORWARD_LOGITS = 1 << 28  # max elements of one teacher-forced forward's (rows, T + 1, V) logits: 1 GiB in float32
+
+
+def forward_rows(micro_batch: int, width: int, vocab: int, budget: int | None = None) -> int:
+    """Rows per teacher-forced forward (the update's chunks, the old and junior log-prob passes): ``micro_batch``
+    (``algo.micro_batch``; 0 = all of them), at most as many as keep one forward's logits over ``width`` response
+    positions and a ``vocab``-row output layer within ``budget`` elements (at least 1). A function of the config
+    only (``width`` = ``rollout.max_new_tokens``), so every process cuts the same number of chunks. At Qwen3's
+    151,936 rows and 3,000 tokens that is one row a forward; in the CPU demo (495 rows, 112 tokens) 4,799."""
+    cap = max(1, (FORWARD_LOGITS if budget is None else budget) // max(1, (width + 1) * vocab))
+    return min(micro_batch, cap) if micro_batch else cap
 
 
 def chunk_weight(loss_type: str, chunk_rows: int, rows: int, num_processes: int = 1) -> tuple[float, float]:

@@ -57,6 +57,9 @@ class Trainer:
         self.step = 0
         self.nonfinite_run = 0
         self.best = {"val": None, "step": None}
+        head = self.acc.unwrap_model(self.senior).get_output_embeddings()
+        vocab = head.weight.shape[0] if head is not None else self.acc.unwrap_model(self.senior).config.vocab_size
+        self.rows_per_forward = core.forward_rows(cfg.algo.micro_batch, cfg.rollout.max_new_tokens, vocab)
 
     # -- run directory and resume -------------------------------------------------------------
     def _resume(self) -> None:
@@ -167,7 +170,7 @@ class Trainer:
             old = self._old_logps(senior, rollout)
             junior_lp = rollout.junior_logps_BT
             if junior_lp is None and self.junior is not None and not self.bridge:  # other vocabulary: no per-token KL
-                junior_lp = sequence_logps(self.junior, rollout, temp, cfg.algo.micro_batch)
+                junior_lp = sequence_logps(self.junior, rollout, temp, self.rows_per_forward)
         mask = loss_mask(rollout, plan, reduce=lambda x: dist.reduce_scalar(self.acc, x, "sum"))
         metrics = self._drift_metrics(old, junior_lp, rollout)
         metrics["time/score_s"] = time.perf_counter() - t0  # teacher-forced old (and junior) log-probs
@@ -196,7 +199,7 @@ class Trainer:
                               f"(rollout.engine={self.cfg.rollout.engine}, bridge={self.bridge}): use recompute or auto")
         if choice == "rollout" or (choice == "auto" and recorded and f32):
             return rollout.senior_logps_BT
-        return sequence_logps(senior, rollout, self.cfg.rollout.temperature, self.cfg.algo.micro_batch)
+        return sequence_logps(senior, rollout, self.cfg.rollout.temperature, self.rows_per_forward)
 
     def _minibatch(self, rollout, rows, old, junior_lp, adv_B, mask) -> dict:
         cfg, plan, n_proc = self.cfg, self.plan, self.acc.num_processes
@@ -205,7 +208,7 @@ class Trainer:
         n_rows = len(rows)  # the chunks' shares count every row, also those left out below
         if fastpath.SKIP_ZERO_ADVANTAGE and n_proc == 1 and not drops_out(self.senior) and not routes_experts(self.senior):
             rows = core.rows_with_gradient(adv_B, rows, plan.kl_beta)  # DDP would need a backward per process
-        micro = cfg.algo.micro_batch or len(rows)
+        micro = min(self.rows_per_forward, cfg.algo.micro_batch or len(rows))  # within the logits budget
         if 1 < micro < len(rows):  # chunks of similar length: each forward is cut to its own longest response
             rows = rows[torch.argsort(rollout.response_mask_BT[rows].sum(-1), stable=True)]
         chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
