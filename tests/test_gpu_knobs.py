@@ -141,7 +141,6 @@ def test_fp16_where_it_would_not_apply_is_one_line(monkeypatch):
     (["model.mixed_precision=fp16", "train.fsdp=zero2"],
      "config key 'model.mixed_precision' is fp16, which train.fsdp=zero2 does not support"),
     (["model.junior_revision=v2"], "config key 'model.junior_revision' must be empty when model.self_paired is true"),
-    (["model.revision=abc", "rollout.engine=vllm"], "config key 'model.revision' is not passed to the vLLM engine"),
     (["model.attn_implementation=flash"], "config key 'model.attn_implementation' must be one of '', eager, sdpa,"),
 ])
 def test_combinations_that_would_not_do_what_they_say_are_refused(overrides, message):
@@ -152,5 +151,6 @@ def test_combinations_that_would_not_do_what_they_say_are_refused(overrides, mes
 
 def test_the_knobs_pass_where_they_make_sense():
     for ok in (["model.mixed_precision=bf16"], ["model.mixed_precision=fp16"], ["model.revision=abc"],
+               ["model.revision=abc", "rollout.engine=vllm"],  # the engines read the snapshot at that revision
                ["model.mixed_precision=bf16", "train.fsdp=full"], ["model.attn_implementation=flash_attention_2"]):
         load_config(None, ["model.senior=x", "model.self_paired=true", *ok])

@@ -5,8 +5,10 @@ tokenizer with neither a pad nor an EOS token); never a bare traceback, never a 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.time_guard import no_hang  # noqa: F401 (autouse: a case over a minute fails instead of hanging)
 from helpers.tiny_models import CORPUS, make_tiny_model
@@ -131,3 +133,44 @@ def test_a_model_that_needs_its_own_code_says_which_option_runs_it(tmp_path, mod
         msg = str(e.value)
         assert "\n" not in msg and "custom code" in msg, msg
         assert "--trust-remote-code" in msg and "model.trust_remote_code: true" in msg, msg
+
+
+def test_local_snapshot_reads_a_hub_model_from_the_cache_at_its_revision(tmp_path, monkeypatch):
+    """What the vLLM engines read: a local path as it is; a hub id as its cached snapshot at the run's revision (the
+    paper config names Qwen/Qwen3-4B-Instruct-2507; the dual engine read the junior's files from that name as a
+    folder and failed); a missing one is one line naming the model and the revision."""
+    from helpers.hub_cache import cache_hub_model
+
+    from tandem_rlvr.models import local_snapshot
+
+    cache_hub_model(tmp_path / "hub", monkeypatch, "tiny-org/tiny", {"main": "a" * 40, "v2": "b" * 40}, {"config.json": "{}"})
+    main = local_snapshot("tiny-org/tiny")
+    assert Path(main).name == "a" * 40 and (Path(main) / "config.json").read_text() == "{} main"
+    assert Path(local_snapshot("tiny-org/tiny", "v2")).name == "b" * 40
+    assert local_snapshot(str(tmp_path)) == str(tmp_path) and local_snapshot("") == ""
+    with pytest.raises(ModelLoadError, match=r"junior model 'tiny-org/tiny' at revision 'v9': no local copy") as e:
+        local_snapshot("tiny-org/tiny", "v9", role="junior")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ModelLoadError, match=r"senior model 'no-org/none': no local copy .*looked up on the Hugging"):
+        local_snapshot("no-org/none")
+
+
+def test_lora_on_tied_embeddings_is_refused_and_untied_ones_train(tmp_path, model_dirs, tokenizer):
+    """A tied senior (one matrix for input and output embeddings): a LoRA on embed_tokens changes the lookup only,
+    while the merged copy the engines and final/ get changes both reads: refused, naming the key; untied, it loads."""
+    targets = 'model.lora_targets=["embed_tokens","q_proj"]'
+    cfg = load_config(None, [f"model.senior={model_dirs[0]}", "model.self_paired=true", "model.lora_r=4", targets])
+    with pytest.raises(ModelLoadError, match=r"model.lora_targets includes 'embed_tokens', but senior .* ties its "
+                                             r"input and output embeddings") as e:
+        load_pair(cfg.model)
+    assert "\n" not in str(e.value) and "leave embed_tokens, lm_head out" in str(e.value)
+    untied = tmp_path / "untied"
+    m = make_tiny_model(len(tokenizer), seed=0, hidden=48)
+    m.config.tie_word_embeddings = False
+    m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach().clone())
+    m.save_pretrained(str(untied))
+    tokenizer.save_pretrained(str(untied))
+    cfg = load_config(None, [f"model.senior={untied}", "model.self_paired=true", "model.lora_r=4", targets])
+    assert load_pair(cfg.model).lora
+    ok = load_config(None, [f"model.senior={model_dirs[0]}", "model.self_paired=true", "model.lora_r=4"])
+    assert load_pair(ok.model).lora  # the default targets (attention projections) on the tied senior

@@ -182,8 +182,4 @@ def model_checks(cfg) -> list:
          f"is fp16, which train.fsdp={cfg.train.fsdp} does not support (no loss scaling for the sharded senior); use bf16"),
         (not m.junior_revision or not m.self_paired, "model.junior_revision",
          "must be empty when model.self_paired is true (the junior is the senior's model.revision)"),
-        (not (m.revision or m.junior_revision) or cfg.rollout.engine != "vllm",
-         "model.revision" if m.revision else "model.junior_revision",
-         "is not passed to the vLLM engine, which would load the default branch: download that revision to a "
-         "directory (hf download with its revision option) and set model.senior (or model.junior) to it"),
     ]

@@ -79,6 +79,26 @@ def hub_kwargs(name: str, revision: str | None, role: str) -> dict:
     return {"revision": revision}
 
 
+SNAPSHOT_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken")  # what an engine reads of a model
+
+
+def local_snapshot(name: str, revision: str | None = None, *, role: str = "senior", code: bool = False) -> str:
+    """``name`` as a local folder, for what reads a model's files itself (the vLLM engines): a local path as it is,
+    a hub name as its snapshot at ``revision`` in the Hugging Face cache (fetched once where the hub is reachable,
+    else the cached one: ``HF_HUB_OFFLINE``), with its weights, configs and tokenizer files (``code``: also its
+    Python files, for ``trust_remote_code``); else raise naming ``name``."""
+    if not name or Path(name).expanduser().exists():
+        return str(Path(name).expanduser()) if name else name
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, revision=revision or None,
+                                 allow_patterns=list(SNAPSHOT_FILES) + (["*.py"] if code else []))
+    except Exception as e:  # huggingface_hub raises many types (offline, unknown repo or revision, network)
+        raise ModelLoadError(f"{role} model {name!r}{f' at revision {revision!r}' if revision else ''}: no local "
+                             f"copy for the vLLM engine: {load_error_text(e, name)}") from None
+
+
 def load_tokenizer(name: str, *, trust_remote_code: bool = False, role: str = "senior", revision: str | None = None):
     """Load a tokenizer (left padding; pad falls back to EOS) or raise naming ``name`` (``revision``: a hub
     branch, tag or commit)."""
@@ -292,9 +312,26 @@ class Pair:
 def _apply_lora(model, mcfg):
     from peft import LoraConfig, get_peft_model
 
+    _check_tied_targets(model, mcfg)
     lcfg = LoraConfig(r=mcfg.lora_r, lora_alpha=mcfg.lora_alpha, target_modules=list(mcfg.lora_targets),
                       lora_dropout=0.0, task_type="CAUSAL_LM")
     return get_peft_model(model, lcfg)
+
+
+def _check_tied_targets(model, mcfg) -> None:
+    """Refuse a LoRA on the input or output embeddings of a model that ties them (one matrix read twice): the adapter
+    would change one of the two reads only, a model that the merged copy every engine and saved folder gets (the
+    adapter in the shared matrix, so in both reads) is not."""
+    emb_in, emb_out = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb_out is None or getattr(emb_in, "weight", None) is not getattr(emb_out, "weight", 0):
+        return
+    names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if mod is emb_in or mod is emb_out}
+    hit = sorted(names & set(mcfg.lora_targets))
+    if hit:
+        raise ModelLoadError(f"model.lora_targets includes {hit[0]!r}, but senior {mcfg.senior!r} ties its input and "
+                             f"output embeddings (one matrix): a LoRA there would train a model that its merged copy "
+                             f"(the vLLM engine's, final/) is not; leave {', '.join(sorted(names))} out of "
+                             "model.lora_targets")
 
 
 def load_pair(mcfg) -> Pair:

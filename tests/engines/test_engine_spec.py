@@ -38,6 +38,12 @@ def test_the_spec_of_a_training_run_reads_every_engine_key():
     assert (paired.senior_path, paired.junior_path) == ("sen", "sen"), "self-paired: the senior's start weights"
     solo = spec_from_config(_cfg(*VLLM_KEYS), "none")
     assert solo.solo and solo.junior_path == "" and not spec.solo
+    revs = ["model.revision=v2", "model.junior_revision=j1"]  # the revisions the trainer loads, the engine reads
+    assert (spec_from_config(_cfg(*VLLM_KEYS, *revs), "word").senior_revision,
+            spec_from_config(_cfg(*VLLM_KEYS, *revs), "word").junior_revision) == ("v2", "j1")
+    paired = spec_from_config(_cfg(*VLLM_KEYS, "model.self_paired=true", "model.revision=v2", junior=""), "step")
+    assert (paired.senior_revision, paired.junior_revision) == ("v2", "v2"), "the senior's start weights"
+    assert spec_from_config(_cfg(*VLLM_KEYS, *revs), "none").junior_revision == ""
     hf = spec_from_config(_cfg("rollout.mode=catchup"), "word")
     assert (hf.kind, hf.mode, hf.vllm, hf.senior_path) == ("hf", "catchup", False, "")
     bridge = spec_from_config(_cfg(*VLLM_KEYS), "step", bridge=True)
@@ -77,9 +83,15 @@ def fake_vllm(monkeypatch):
     return made, lambda path, **kw: made.append(("solo", path, kw)) or SimpleNamespace()
 
 
-def test_build_engine_makes_each_kind_from_its_spec(fake_vllm):
+def test_build_engine_makes_each_kind_from_its_spec(fake_vllm, tmp_path, monkeypatch):
     import os
 
+    from helpers.hub_cache import cache_hub_model
+
+    cache = cache_hub_model(tmp_path / "hub", monkeypatch, "org/sen", {"main": "a" * 40, "v2": "b" * 40}, {"config.json": "{}"})
+    sen = str(cache / "models--org--sen" / "snapshots" / ("b" * 40))  # what vLLM reads: the snapshot at the revision
+    jun = tmp_path / "jun"
+    jun.mkdir()
     made, make = fake_vllm
     kw = dict(eos_token_ids=[2, 3], pad_token_id=0, make=make)
     local = build_engine(EngineSpec(mode="catchup", record_junior=True, schedules=("word",)), "S", "J", **kw)
@@ -89,16 +101,17 @@ def test_build_engine_makes_each_kind_from_its_spec(fake_vllm):
     assert isinstance(bridge, BridgeEngine) and (bridge.tok, bridge.jtok) == ("t", "u")
     assert not made and os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "0", "no vLLM engine for hf or the bridge"
 
-    vllm = dict(kind="vllm", senior_path="sen", junior_path="jun", timeout_s=30.0, max_model_len=120, memory=0.5, seed=7)
+    vllm = dict(kind="vllm", senior_path="org/sen", senior_revision="v2", junior_path=str(jun), timeout_s=30.0,
+                max_model_len=120, memory=0.5, seed=7)
     dual = build_engine(EngineSpec(schedules=("word",), processes=2, long_context=True, **vllm), "S", "J", **kw)
     assert isinstance(dual, DualVLLMEngine) and dual.timeout_s == 30.0 and dual.V == 64
-    assert made.pop() == ("dual", "sen", "jun", dict(dtype="bfloat16", gpu_memory_utilization=0.5, seed=7,
+    assert made.pop() == ("dual", sen, str(jun), dict(dtype="bfloat16", gpu_memory_utilization=0.5, seed=7,
                                                      max_model_len=120, trust_remote_code=False,
                                                      distributed_executor_backend="external_launcher"))
     assert os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1", "long_context: vLLM allows the stated context"
     solo = build_engine(EngineSpec(schedules=("none",), **vllm), "S", None, **kw)
     assert isinstance(solo, VLLMEngine) and solo.timeout_s == 30.0
-    assert made == [("solo", "sen", dict(dtype="bfloat16", gpu_memory_utilization=0.5, seed=7, max_model_len=120,
+    assert made == [("solo", sen, dict(dtype="bfloat16", gpu_memory_utilization=0.5, seed=7, max_model_len=120,
                                          trust_remote_code=False))]
 
 

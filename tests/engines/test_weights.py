@@ -80,3 +80,36 @@ def test_a_plain_model_yields_its_parameters_cast_only_where_asked(tokenizer):
     with engine_weights(model, torch.float16) as weights:
         half = dict(weights)
     assert {t.dtype for t in half.values()} == {torch.float16} and list(half) == list(same)
+
+
+def test_safetensors_files_are_the_ones_transformers_reads(tmp_path):
+    """The dual engine reads the junior's files itself: the index's shards, else model.safetensors, else every
+    *.safetensors; never a second copy beside them (a repo's consolidated.safetensors), never silently nothing."""
+    from safetensors.torch import save_file
+
+    from tandem_rlvr.engines.weights import INDEX, safetensors_files
+
+    t = {"w": torch.zeros(2)}
+    d = tmp_path / "sharded"
+    d.mkdir()
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "consolidated.safetensors"):
+        save_file(t, str(d / name))
+    (d / INDEX).write_text(json.dumps({"weight_map": {"a": "model-00002-of-00002.safetensors",
+                                                     "b": "model-00001-of-00002.safetensors",
+                                                     "c": "model-00001-of-00002.safetensors"}}))
+    assert [p.name for p in safetensors_files(d)] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    (d / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="names 'model-00002-of-00002.safetensors', which is not there"):
+        safetensors_files(d, "tandem junior")
+    (d / INDEX).write_text("{")
+    with pytest.raises(FileNotFoundError, match="unreadable model.safetensors.index.json"):
+        safetensors_files(d)
+    one = tmp_path / "one"
+    one.mkdir()
+    save_file(t, str(one / "model.safetensors"))
+    save_file(t, str(one / "consolidated.safetensors"))
+    assert [p.name for p in safetensors_files(one)] == ["model.safetensors"]
+    (one / "model.safetensors").unlink()
+    assert [p.name for p in safetensors_files(one)] == ["consolidated.safetensors"]  # the only weights there
+    with pytest.raises(FileNotFoundError, match="tandem junior '.*empty' has no \\*.safetensors weights"):
+        safetensors_files(tmp_path / "empty", "tandem junior")

@@ -1,5 +1,6 @@
 """A Hugging Face hub dataset in a local ``datasets`` cache, built offline: what ``load_dataset("org/name")``
-leaves behind after a download, so the offline code path (``HF_HUB_OFFLINE=1``) finds it there."""
+leaves behind after a download, so the offline code path (``HF_HUB_OFFLINE=1``) finds it there; and a hub model
+repo in the hub cache (:func:`cache_hub_model`)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,21 @@ def use_cache(monkeypatch, cache_dir: Path) -> None:
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_DATASETS_CACHE", str(cache_dir))
+
+
+def cache_hub_model(cache: Path, monkeypatch, repo: str, commits: dict[str, str], files: dict[str, str]) -> Path:
+    """``repo`` in the cache ``cache`` (made this process's offline hub cache): one snapshot per ``ref -> commit``,
+    each holding ``files`` (name -> text, the ref appended), and refs naming them. Returns the cache."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    base = cache / f"models--{repo.replace('/', '--')}"
+    for ref, commit in commits.items():
+        snap = base / "snapshots" / commit
+        snap.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (snap / name).write_text(f"{text} {ref}")
+        (base / "refs").mkdir(exist_ok=True)
+        (base / "refs" / ref).write_text(commit)
+    return cache

@@ -48,11 +48,15 @@ def _vllm_engine(spec: EngineSpec, *, eos_token_ids: Sequence[int], pad_token_id
     from tandem_rlvr.engines import vllm_backend as vb
     from tandem_rlvr.engines import vllm_dual
 
+    from tandem_rlvr.models import local_snapshot
+
     make, kw = make or vb.make_llm, vllm_kwargs(spec)
     if spec.long_context:  # the user states the models read this far: vLLM would refuse more than their config says
         os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
     common = dict(eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, timeout_s=spec.timeout_s, sleep=spec.sleep)
+    # vLLM reads the files itself: a hub id as its snapshot at the run's revision (the one the trainer loaded)
+    senior = local_snapshot(spec.senior_path, spec.senior_revision, code=spec.trust_remote_code)
     if spec.solo:
-        return vb.VLLMEngine(make(spec.senior_path, **kw), **common)
-    return vllm_dual.DualVLLMEngine(vllm_dual.make_dual_llm(spec.senior_path, spec.junior_path, make=make, **kw),
-                                    **common)
+        return vb.VLLMEngine(make(senior, **kw), **common)
+    junior = local_snapshot(spec.junior_path, spec.junior_revision, role="junior", code=spec.trust_remote_code)
+    return vllm_dual.DualVLLMEngine(vllm_dual.make_dual_llm(senior, junior, make=make, **kw), **common)

@@ -25,7 +25,8 @@ class EngineSpec:
       before anything starts); the vLLM engine is the dual one unless ``none`` is all it must serve.
     - in-process: ``mode`` (``lockstep`` / ``catchup``); ``record_junior``: the junior's log-probs of tandem
       rollouts recorded (training's drift metrics).
-    - vLLM: ``senior_path`` / ``junior_path`` (resolved local directories or hub ids), weights ``dtype``,
+    - vLLM: ``senior_path`` / ``junior_path`` (resolved local directories or hub ids; a hub id is read from its
+      snapshot at ``senior_revision`` / ``junior_revision``, :func:`tandem_rlvr.models.local_snapshot`), weights ``dtype``,
       ``memory`` (its share of the device), ``max_model_len`` (the positions the run needs), ``seed``,
       ``timeout_s`` (per engine call), ``sleep`` (sleep mode between rollouts), ``trust_remote_code``,
       ``long_context`` (the user states the models read past their config: vLLM is told to allow it) and
@@ -39,6 +40,8 @@ class EngineSpec:
     record_junior: bool = False
     senior_path: str = ""
     junior_path: str = ""
+    senior_revision: str = ""
+    junior_revision: str = ""
     dtype: str = "bfloat16"
     memory: float = 0.3
     max_model_len: int = 4096

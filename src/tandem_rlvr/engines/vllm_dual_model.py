@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -56,10 +55,9 @@ def register() -> None:
 def _junior_weights(folder: str) -> Iterable[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"tandem junior {folder!r} has no *.safetensors weights")
-    for f in files:
+    from tandem_rlvr.engines.weights import safetensors_files
+
+    for f in safetensors_files(folder, "tandem junior"):
         with safe_open(str(f), framework="pt") as fh:
             for name in fh.keys():
                 yield name, fh.get_tensor(name)

@@ -14,11 +14,39 @@ One iterator for every way the trainer holds the senior:
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
-__all__ = ["engine_weights", "is_sharded", "fsdp_units"]
+__all__ = ["engine_weights", "is_sharded", "fsdp_units", "safetensors_files"]
+
+INDEX = "model.safetensors.index.json"
+
+
+def safetensors_files(folder: str | Path, what: str = "model") -> list[Path]:
+    """The safetensors files that hold a saved model's weights, as transformers reads them: those its index
+    (``model.safetensors.index.json``) maps, else ``model.safetensors``, else every ``*.safetensors`` (a folder may
+    also hold other files, a ``consolidated.safetensors`` copy for another loader: read once, they would load every
+    weight twice). Raise naming ``what`` and ``folder`` where there are none, or an indexed file is missing."""
+    folder = Path(folder)
+    index = folder / INDEX
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise FileNotFoundError(f"{what} {str(folder)!r}: unreadable {INDEX} ({e})") from None
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{what} {str(folder)!r}: {INDEX} names {missing[0]!r}, which is not there")
+        return [folder / n for n in names]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{what} {str(folder)!r} has no *.safetensors weights")
+    return files
 
 
 def is_sharded(model) -> bool:

@@ -18,20 +18,25 @@ def spec_from_config(cfg: Config, schedule: str, *, bridge: bool = False, max_mo
                      processes: int = 1) -> EngineSpec:
     """The engine of a run that rolls out ``schedule``: ``rollout.engine`` in ``rollout.mode`` (recording the
     junior's log-probs of tandem rollouts), or the text bridge (``bridge``: the junior has its own tokenizer).
-    On vLLM: the model paths (the self-paired junior is the senior's start weights), ``rollout.vllm_dtype``
+    On vLLM: the model paths and their revisions (``model.revision``, ``model.junior_revision``; the self-paired
+    junior is the senior's start weights), ``rollout.vllm_dtype``
     (``model``: ``model.dtype``; pushes cast the senior's weights to it), ``rollout.vllm_memory``,
     ``rollout.vllm_timeout_s``, ``rollout.vllm_sleep``, ``train.seed``, ``model.trust_remote_code``,
     ``model.max_context`` (vLLM allows a context past the models' config) and ``max_model_len``, the context the
     run needs (:func:`tandem_rlvr.context.engine_len`; default prompt + response budgets)."""
     m, r = cfg.model, cfg.rollout
     senior = junior = ""
+    revisions = ("", "")
     if r.engine == "vllm" and not bridge:
         from tandem_rlvr.models import resolve_name
 
         senior = resolve_name(m.senior)
         junior = "" if schedule == "none" else senior if m.self_paired else resolve_name(m.junior)
+        revisions = (m.revision, m.revision if m.self_paired else m.junior_revision)
     return EngineSpec(kind=r.engine, schedules=(schedule,), bridge=bridge, mode=r.mode, record_junior=True,
-                      senior_path=senior, junior_path=junior, dtype=m.dtype if r.vllm_dtype == "model" else r.vllm_dtype,
+                      senior_path=senior, junior_path=junior, senior_revision=revisions[0],
+                      junior_revision=revisions[1] if junior else "",
+                      dtype=m.dtype if r.vllm_dtype == "model" else r.vllm_dtype,
                       memory=r.vllm_memory, max_model_len=max_model_len or r.max_prompt_tokens + r.max_new_tokens,
                       seed=cfg.train.seed, timeout_s=r.vllm_timeout_s, sleep=r.vllm_sleep,
                       trust_remote_code=m.trust_remote_code, long_context=bool(m.max_context), processes=processes)
