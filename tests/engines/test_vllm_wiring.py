@@ -8,6 +8,7 @@ by the slow tests of ``tests/engines/test_vllm_dual.py`` and ``tests/engines/tes
 """
 
 import copy
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -228,19 +229,22 @@ def test_evaluation_samples_every_chain_on_the_dual_engine_and_solo_on_the_senio
     assert got_chains == ref_chains
 
 
-def test_eval_on_vllm_starts_one_dual_engine_per_senior_with_the_junior(monkeypatch, tokenizer, models):
+def test_eval_on_vllm_starts_one_dual_engine_per_senior_with_the_junior(monkeypatch, tokenizer, models, tmp_path):
     from tandem_rlvr.cli import build_parser
     from tandem_rlvr.engines import vllm_dual
     from tandem_rlvr.evaluation import eval_cli
 
+    s, j = str(tmp_path / "s"), str(tmp_path / "j")  # local folders: the engine reads them as they are
+    for d in (s, j):
+        Path(d).mkdir()
     made = []
     monkeypatch.setattr(vllm_dual, "make_dual_llm", lambda s, j, **kw: made.append((s, j, kw["max_model_len"])) or "llm")
     monkeypatch.setattr(vllm_dual, "DualVLLMEngine", lambda llm, **kw: ("dual", llm))
-    base = ["eval", "--senior", "s", "--junior", "j", "--benchmark", "gsm8k", "--engine", "vllm"]
+    base = ["eval", "--senior", s, "--junior", j, "--benchmark", "gsm8k", "--engine", "vllm"]
     opts = eval_cli.resolve_options(build_parser().parse_args(base))
-    assert eval_cli._engine(opts, "s", "j", "float32", tokenizer, *models, 700) == ("dual", "llm")
-    eval_cli._engine(opts, "s", "j", "float32", tokenizer, *models)
-    assert made == [("s", "j", 700), ("s", "j", opts.context)]
+    assert eval_cli._engine(opts, s, j, "float32", tokenizer, *models, 700) == ("dual", "llm")
+    eval_cli._engine(opts, s, j, "float32", tokenizer, *models)
+    assert made == [(s, j, 700), (s, j, opts.context)]
 
 
 class SleepyDual(DualStandIn):
