@@ -66,7 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "gradient checkpointing; 16 without it needs ~95 GB)")
     p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
                    help="keep every activation (model.gradient_checkpointing: false)")
-    p.add_argument("--dtype", default=None, help="default bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--dtype", default="float32", help="the senior's weights (float32: AdamW's master copy; on a GPU "
+                   "the compute is bf16, model.mixed_precision)")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms (default trlvr,grpo)")
     p.add_argument("--engines", default="auto", help="comma-separated: hf, vllm (default auto: vllm where installed, and hf)")
     p.add_argument("--vllm-memory", type=float, default=None, help="rollout.vllm_memory (default 0.3)")
@@ -237,9 +238,9 @@ def make_config(args, arm: str, model: str, out: Path, engine: str = "hf"):
 
     from tandem_rlvr.config import load_config
 
-    dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
+    half = "bf16" if torch.cuda.is_available() and args.dtype == "float32" else ""  # float32 weights, bf16 compute
     base = {
-        "model": {"senior": model, "self_paired": True, "dtype": dtype},
+        "model": {"senior": model, "self_paired": True, "dtype": args.dtype, "mixed_precision": half},
         "algo": {"arm": arm, "group_size": args.group_size, "loss_type": "dapo", "lr": 1e-6, "clip_eps": 0.2,
                  "mini_batch_prompts": max(1, args.prompts // 2), "micro_batch": args.micro_batch},
         "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},

@@ -116,7 +116,7 @@ def test_launch_config_fp16_over_fp16_weights_is_refused_before_the_run(monkeypa
     from tandem_rlvr.training.build import check_mixed_precision
 
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # what accelerate launch exports from its config
-    cfg = load_config(None, ["model.senior=x", "model.self_paired=true", "model.dtype=float16"])
+    cfg = load_config(None, ["model.senior=x", "model.self_paired=true", "model.dtype=float16", "model.lora_r=8"])
     with pytest.raises(TandemError, match="fp16"):
         check_mixed_precision(cfg, cuda=True)
 
@@ -143,7 +143,8 @@ def test_old_logps_auto_recomputes_when_the_senior_computes_in_bf16(monkeypatch,
     rollout = types.SimpleNamespace(logps_recorded=True, senior_logps_BT=recorded)
     recomputed = torch.full((2, 3), -2.0)
     monkeypatch.setattr(tr, "sequence_logps", lambda *a, **k: recomputed)
-    fake = types.SimpleNamespace(cfg=cfg, bridge=False, acc=types.SimpleNamespace(mixed_precision="bf16"))
+    fake = types.SimpleNamespace(cfg=cfg, bridge=False, acc=types.SimpleNamespace(mixed_precision="bf16"),
+                                 rows_per_forward=1)
     got = tr.Trainer._old_logps(fake, object(), rollout)
     assert got is recomputed, "auto reused the bf16 decode log-probs as the PPO ratio's old log-probs"
 
@@ -265,3 +266,45 @@ def test_saving_a_lora_senior_merges_the_cpu_copy_not_the_model(tokenizer, tmp_p
 
     with torch.no_grad():  # merged W + BA against the adapter's own forward: float order, as tests/training/test_lora.py
         assert_close_to_scale(load_causal_lm(str(ckpt))(input_ids=ids).logits, model(input_ids=ids).logits, ulps=2048)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 5. the junior computes under the senior's mixed precision
+# ---------------------------------------------------------------------------------------------------
+
+def test_a_self_paired_junior_starts_at_zero_drift_under_bf16_mixed_precision(tokenizer, tmp_path, monkeypatch):
+    """accelerate autocasts only the model it prepares: under bf16 mixed precision the senior computed its matrix
+    products in bf16 and the float32 self-paired junior in float32, so before any update kl/senior_junior (claim
+    3's drift) and KL-Reg's term read a precision offset (1.4e-3 nats in a review's run), not 0. The junior now
+    runs under the same autocast, on transformers' path (the GPU's)."""
+    import copy
+
+    from accelerate.state import AcceleratorState, GradientState
+
+    from helpers.tiny_models import make_tiny_model
+    from tandem_rlvr.engines import fastpath
+    from tandem_rlvr.models import Pair, freeze
+    from tandem_rlvr.training.trainer import make_trainer
+
+    monkeypatch.setattr(fastpath, "FAST_PATH_DEVICES", ())  # transformers' forwards, as on a GPU
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    senior = make_tiny_model(len(tokenizer), 0, 64)
+    with torch.no_grad():
+        senior.lm_head.weight.mul_(8.0)  # logits of a language model's spread: bf16 rounding shows in the KL
+    examples = [types.SimpleNamespace(id=str(i), problem=f"What is {i} plus 2?", answer=str(i + 2)) for i in range(4)]
+    cfg = load_config(None, ["algo.arm=kl_reg", "algo.kl_beta=1e-3", "model.senior=unused", "model.self_paired=true",
+                             "model.mixed_precision=bf16", "algo.old_logps=recompute", "train.steps=1",
+                             "train.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=16",
+                             f"train.out_dir={tmp_path}", "algo.lr=1e-6", "train.save_every=0", "train.progress=false"])
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        tr = make_trainer(cfg, pair=Pair(senior, freeze(copy.deepcopy(senior)), tokenizer),
+                          reward_fn=lambda c, g: float(len(c) % 2 == 0), examples=examples)
+        assert tr.acc.mixed_precision == "bf16"
+        row = tr.train_step(0)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    assert row["kl/senior_junior"] == pytest.approx(0.0, abs=1e-7)
+    assert row["kl/senior_junior_k3"] == pytest.approx(0.0, abs=1e-7)

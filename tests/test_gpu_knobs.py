@@ -136,7 +136,11 @@ def test_fp16_where_it_would_not_apply_is_one_line(monkeypatch):
 @pytest.mark.parametrize(("overrides", "message"), [
     (["model.mixed_precision=bf16", "model.dtype=bfloat16"],
      "config key 'model.mixed_precision' is bf16: half-precision compute over float32 weights; with "
-     "model.dtype=bfloat16 set it to off (or model.dtype=float32)"),
+     "model.dtype=bfloat16 set model.dtype=float32 (float32 weights and optimizer, half-precision compute)"),
+    (["model.dtype=bfloat16"], "config key 'model.dtype' is bfloat16, the weights AdamW updates in a full fine-tune "
+     "(model.lora_r=0): in bfloat16 an update of algo.lr=1e-06 rounds away or overflows; use model.dtype=float32 with "
+     "model.mixed_precision=bf16"),
+    (["model.dtype=float16", "model.lora_r=0"], "config key 'model.dtype' is float16, the weights AdamW updates"),
     (["model.mixed_precision=fp16", "model.dtype=float16"], "config key 'model.mixed_precision' is fp16: half-precision"),
     (["model.mixed_precision=fp16", "train.fsdp=zero2"],
      "config key 'model.mixed_precision' is fp16, which train.fsdp=zero2 does not support"),
@@ -152,5 +156,28 @@ def test_combinations_that_would_not_do_what_they_say_are_refused(overrides, mes
 def test_the_knobs_pass_where_they_make_sense():
     for ok in (["model.mixed_precision=bf16"], ["model.mixed_precision=fp16"], ["model.revision=abc"],
                ["model.revision=abc", "rollout.engine=vllm"],  # the engines read the snapshot at that revision
+               ["model.dtype=bfloat16", "model.lora_r=8"], ["model.dtype=float16", "model.lora_r=8"],  # float32 adapters
                ["model.mixed_precision=bf16", "train.fsdp=full"], ["model.attn_implementation=flash_attention_2"]):
         load_config(None, ["model.senior=x", "model.self_paired=true", *ok])
+
+
+def test_float32_compute_on_a_gpu_is_named(monkeypatch, caplog):
+    """The paper configs' one-GPU recipe started without `accelerate launch` had no mixed precision from anywhere:
+    every forward and backward in float32 on the GPU, silently. Such a run now says so once, naming the key (the
+    configs' comment names it too); with bf16 from the key or the launch config, or on a CPU, nothing is said."""
+    from tandem_rlvr.training.build import check_mixed_precision
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    from tandem_rlvr.configs import path_of
+
+    plain = load_config("paper/trlvr", ["train.fsdp=off"])
+    assert "train.fsdp=off model.mixed_precision=bf16" in path_of("paper/trlvr").read_text()  # its one-GPU recipe
+    with caplog.at_level("WARNING"):
+        check_mixed_precision(plain, cuda=False)  # a CPU: float32 is the point
+        check_mixed_precision(load_config("paper/trlvr", ["train.fsdp=off", "model.mixed_precision=bf16"]), cuda=True)
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # an accelerate launch with the shipped configs
+        check_mixed_precision(plain, cuda=True)
+        assert not caplog.records
+        monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+        check_mixed_precision(plain, cuda=True)
+    assert len(caplog.records) == 1 and "model.mixed_precision=bf16" in caplog.records[0].getMessage()

@@ -171,13 +171,20 @@ def run_dir_problem(path: str) -> str | None:
 
 def model_checks(cfg) -> list:
     """The GPU knobs against the keys they meet: mixed precision over float32 weights only (fp16 not with FSDP:
-    no loss scaling for the sharded senior), revisions where they reach the models that load."""
+    no loss scaling for the sharded senior), a fully trained senior's weights in float32 (AdamW on half-precision
+    weights: a bf16 weight does not move by a step of 1e-6, a review measured 98% of a model's weights unchanged
+    after steps at the paper's lr; fp16's eps of 1e-8 rounds to 0 and the first step writes inf and NaN; LoRA's
+    adapters are float32 over any base), revisions where they reach the models that load."""
     m = cfg.model
     half = m.mixed_precision in ("bf16", "fp16")
     return [
         (not half or m.dtype == "float32", "model.mixed_precision",
-         f"is {m.mixed_precision}: half-precision compute over float32 weights; with model.dtype={m.dtype} set it "
-         "to off (or model.dtype=float32)"),
+         f"is {m.mixed_precision}: half-precision compute over float32 weights; with model.dtype={m.dtype} set "
+         "model.dtype=float32 (float32 weights and optimizer, half-precision compute)"),
+        (m.dtype == "float32" or m.lora_r > 0, "model.dtype",
+         f"is {m.dtype}, the weights AdamW updates in a full fine-tune (model.lora_r=0): in {m.dtype} an update of "
+         f"algo.lr={cfg.algo.lr:g} rounds away or overflows; use model.dtype=float32 with model.mixed_precision=bf16 "
+         "(float32 weights, bf16 compute), or LoRA (model.lora_r > 0: float32 adapters over a half-precision base)"),
         (m.mixed_precision != "fp16" or cfg.train.fsdp == "off", "model.mixed_precision",
          f"is fp16, which train.fsdp={cfg.train.fsdp} does not support (no loss scaling for the sharded senior); use bf16"),
         (not m.junior_revision or not m.self_paired, "model.junior_revision",

@@ -223,3 +223,24 @@ def test_a_replacement_cut_between_its_two_renames_is_finished_on_resume(tmp_pat
         want = weights[final] if new_complete else old_weights[final]
         assert (final / "model.safetensors").read_bytes() == want and (final / ck.MARKER).exists()
         assert not final.with_name(f".{final.name}.old").exists()
+
+
+def test_an_fp16_runs_loss_scale_is_saved_and_resumed(tmp_path, tokenizer):
+    """fp16 mixed precision (a V100, a T4): accelerate's optimizer carries a GradScaler whose scale backs off on
+    overflows; a resumed run went on from a fresh 2^16 instead of the scale it had reached, skipping updates an
+    uninterrupted run makes."""
+    from types import SimpleNamespace
+
+    model, opt, sched = _parts(tokenizer)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    scaler.scale(torch.ones(()))  # the scaler's state starts at its first scaled loss
+    scaler.update(2.0 ** 13)  # where three overflows would have left it
+    wrapped = SimpleNamespace(state_dict=opt.state_dict, load_state_dict=opt.load_state_dict, scaler=scaler)
+    ckpt = ck.save_checkpoint(tmp_path / "run", 2, model=model, tokenizer=tokenizer, optimizer=wrapped,
+                              scheduler=sched, trainer_state={})
+    model2, opt2, sched2 = _parts(tokenizer, seed=7)
+    fresh = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    resumed = SimpleNamespace(state_dict=opt2.state_dict, load_state_dict=opt2.load_state_dict, scaler=fresh)
+    ck.load_checkpoint(ckpt, model=model2, optimizer=resumed, scheduler=sched2)
+    assert fresh.get_scale() == 2.0 ** 13
+    ck.load_checkpoint(ckpt, model=model2, optimizer=opt2, scheduler=sched2)  # no scaler (bf16, float32): as before

@@ -154,8 +154,10 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model, tokenizer, optimiz
         plain, tensors = zip(*(rng_states or [rng_state()]))  # per process; the main one's also as "rng"
         many = len(plain) > 1
         optim = optim_state if optim_state is not None else optimizer.state_dict()
+        scaler = getattr(optimizer, "scaler", None)  # fp16's loss scaler (accelerate's AcceleratedOptimizer)
         torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": tensors[0],
-                    **({"rng_ranks": list(tensors)} if many else {})}, tmp / "train_state.pt")
+                    **({"rng_ranks": list(tensors)} if many else {}),
+                    **({"scaler": scaler.state_dict()} if scaler is not None else {})}, tmp / "train_state.pt")
         atomic_write_json(tmp / "trainer_state.json", {"step": step, **trainer_state, "rng": plain[0],
                                                        **({"rng_ranks": list(plain)} if many else {})})
         integrity.write_checksums(tmp)
@@ -261,6 +263,8 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sharded_main: bo
     else:
         optimizer.load_state_dict(ts["optimizer"])
     scheduler.load_state_dict(ts["scheduler"])
+    if "scaler" in ts and getattr(optimizer, "scaler", None) is not None:  # fp16: the scale it had backed off to
+        optimizer.scaler.load_state_dict(ts["scaler"])
     state = json.loads((ckpt / "trainer_state.json").read_text())
     set_rng_state(*_rng_of_process(state, ts, ckpt, rank, num_processes))
     return state
