@@ -13,6 +13,7 @@ import torch
 
 from helpers.vllm_fixtures import PROBLEMS, batch, needs_vllm, pair, tok  # noqa: F401 (fixtures)
 from helpers.vllm_fixtures import assert_same as _assert_same
+from helpers.vllm_fixtures import optimizer_step, tied_vllm_model
 from helpers.vllm_fixtures import vllm_model as _model
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import SCHEDULES, make_schedule
@@ -105,6 +106,45 @@ def test_vllm_solo_engine_and_weight_push(tok, pair, batch, tmp_path):
         engine.close()
     engine.close()  # idempotent
     assert not engine.llm.llm_engine.engine_core._finalizer.alive, "vLLM's in-process core was shut down"
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_push_into_the_plain_engine_updates_a_tied_output_layer(tok, tmp_path):
+    """A senior with tied embeddings (a Llama, as SmolLM2): after one optimizer step moves every weight and a push,
+    the engine's log-probs are the trained model's. vLLM's reload skips the tied lm_head, and on the CPU that layer
+    computes from a packed copy of the weight made at the first load: the engine paired the new body with the
+    initial output layer (log-probs off by ~1) until the push re-ran the lm_head's processing."""
+    from vllm import SamplingParams
+
+    from tandem_rlvr.engines.vllm_backend import make_llm
+
+    senior = tied_vllm_model(tok, 0, arch="llama")
+    senior.save_pretrained(str(tmp_path))
+    tok.save_pretrained(str(tmp_path))
+    ids = tok("What is 3 plus 4? Step 1: 3 + 4 = 7.\n\nSo the answer is 7. The quick brown fox")["input_ids"]
+    engine = VLLMEngine(make_llm(str(tmp_path), dtype="float32", kv_cache_memory_bytes=2**26, max_model_len=128,
+                                 enforce_eager=True), eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+
+    def engine_logps():
+        params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, detokenize=False)
+        out = engine.thread.call(lambda: engine.llm.generate([{"prompt_token_ids": ids}], [params], use_tqdm=False),
+                                 engine.timeout_s, "prompt log-probs")[0].prompt_logprobs
+        return torch.tensor([out[i][t].logprob for i, t in enumerate(ids) if i])
+
+    def logps(model):
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+        return lp.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+    try:
+        torch.testing.assert_close(engine_logps(), logps(senior), atol=1e-4, rtol=0)
+        trained = optimizer_step(senior, ids)
+        assert float((logps(trained) - logps(senior)).abs().max()) > 0.5  # the step shows in the log-probs
+        engine.sync_senior(trained)
+        torch.testing.assert_close(engine_logps(), logps(trained), atol=1e-4, rtol=0)
+    finally:
+        engine.close()
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import torch
 
 from helpers.vllm_fixtures import PROBLEMS, batch, needs_vllm, pair, tok  # noqa: F401 (fixtures)
 from helpers.vllm_fixtures import assert_same as _assert_same, in_process as _in_process
+from helpers.vllm_fixtures import optimizer_step, tied_vllm_model
 from tandem_rlvr.engines.base import PromptBatch
 from tandem_rlvr.engines.handoff import make_schedule
 from tandem_rlvr.engines.rollout import generate
@@ -277,6 +278,33 @@ def test_a_pushed_senior_changes_p1_and_leaves_p0(tok, pair, batch, tmp_path):
         assert not torch.equal(before[1.0].response_ids_BT, after[1.0].response_ids_BT)
         assert torch.equal(after[1.0].response_ids_BT, _alone(tok, new, batch).response_ids_BT)
         _assert_same(before[0.0], after[0.0])  # the junior stack is never touched
+    finally:
+        eng.close()
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_pushed_senior_with_tied_embeddings_decodes_as_the_trained_one(tok, batch, tmp_path):
+    """A Qwen3 senior with tied embeddings (as Qwen3-0.6B/4B): after one optimizer step moves every weight and a
+    push, the senior stack's greedy tokens are the trained model's. vLLM's reload skips the tied lm_head, and on the
+    CPU that layer computes from a packed copy of the weight made at the first load: the engine decoded with the
+    new body and the initial output layer until the push re-ran the lm_head's processing."""
+    senior, junior = tied_vllm_model(tok, 0), tied_vllm_model(tok, 1)
+    dirs = _dirs(tok, (senior, junior), tmp_path)
+    eng = _dual(tok, dirs[0], dirs[1], kv_bytes=2**26, max_model_len=128)
+    sampling, solo = Sampling(max_new_tokens=16, temperature=0), make_schedule("word", tok, p=1.0)
+
+    def alone(model):
+        return generate(model, None, *batch, make_schedule("none"), sampling, eos_token_ids=[tok.eos_token_id],
+                        pad_token_id=tok.pad_token_id).response_ids_BT
+
+    try:
+        assert torch.equal(eng.generate(PromptBatch(*batch), solo, sampling, seed=2).response_ids_BT, alone(senior))
+        ids = batch[0][0][batch[1][0].bool()].tolist()
+        trained = optimizer_step(senior, ids)
+        assert not torch.equal(alone(trained), alone(senior))
+        eng.sync_senior(trained)
+        assert torch.equal(eng.generate(PromptBatch(*batch), solo, sampling, seed=2).response_ids_BT, alone(trained))
     finally:
         eng.close()
 

@@ -1,5 +1,6 @@
-"""What the vLLM tests share: a tokenizer under which ".\\n\\n" is one token, two tiny untied models, prompts,
-the in-process reference and the comparison of two rollouts."""
+"""What the vLLM tests share: a tokenizer under which ".\\n\\n" is one token, two tiny untied models, a tiny
+tied one and an optimizer step that moves all its weights, prompts, the in-process reference and the comparison of
+two rollouts."""
 
 from __future__ import annotations
 
@@ -39,6 +40,47 @@ def vllm_model(tok, seed: int):
     m.generation_config.eos_token_id = tok.eos_token_id
     m.generation_config.pad_token_id = tok.pad_token_id
     return m
+
+
+def tied_vllm_model(tok, seed: int, arch: str = "qwen3"):
+    """A tiny senior whose output layer is its input embedding (``tie_word_embeddings``, as Qwen3-0.6B/4B and
+    SmolLM2): a Qwen3 (head_dim 32, q/k norms) or a Llama. The embedding (std 0.05) is wider than the default so that
+    greedy picks are decisive, yet small enough that one :func:`optimizer_step` changes it as much as the body (a
+    stale output layer then flips the first greedy token of every prompt); the norms are random so that a stale
+    norm would show."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    m = Qwen3ForCausalLM(Qwen3Config(head_dim=32, **kw)) if arch == "qwen3" else LlamaForCausalLM(LlamaConfig(**kw))
+    m.eval()
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    with torch.no_grad():
+        m.model.embed_tokens.weight.normal_(0, 0.05)
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+    m.generation_config.eos_token_id = tok.eos_token_id
+    m.generation_config.pad_token_id = tok.pad_token_id
+    return m
+
+
+def optimizer_step(model, ids: list[int], lr: float = 0.1):
+    """A copy of ``model`` after one AdamW step on the next-token loss of ``ids``: every parameter moves (checked),
+    the shared embedding of a tied model included."""
+    import copy
+
+    new = copy.deepcopy(model).train()
+    opt = torch.optim.AdamW(new.parameters(), lr=lr, weight_decay=0.0)
+    x = torch.tensor([ids])
+    new(x, labels=x).loss.backward()
+    opt.step()
+    new.eval().zero_grad(set_to_none=True)
+    still = [n for (n, a), b in zip(model.named_parameters(), new.parameters()) if torch.equal(a, b)]
+    assert not still, f"the step left {still} unchanged"
+    return new
 
 
 @pytest.fixture(scope="module")

@@ -138,17 +138,48 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], reset: bool =
     (``reset``).
 
     Uses vLLM's layerwise in-place reload where the worker has it (it re-applies the kernel
-    repacking the CPU and quantised backends do after loading), else ``model.load_weights``.
+    repacking the CPU and quantised backends do after loading; :func:`reprocess_tied_layers` then does
+    it for a tied lm_head, which the reload skips), else ``model.load_weights``.
     """
     worker = local_worker(llm)
     if worker is None:
         raise RuntimeError("cannot reach the vLLM worker to push weights; create the engine with make_llm()")
     if hasattr(worker, "reload_weights"):
         worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        runner = getattr(worker, "model_runner", None)
+        if runner is not None and hasattr(runner, "get_model"):  # a real worker (not a test's stand-in)
+            from vllm.config import set_current_vllm_config
+
+            with set_current_vllm_config(worker.vllm_config):
+                reprocess_tied_layers(runner.get_model())
     else:
         worker.model_runner.model.load_weights(weights)
     if reset:
         llm.reset_prefix_cache()
+
+
+@torch.no_grad()
+def reprocess_tied_layers(model: torch.nn.Module) -> None:
+    """After a layerwise reload of ``model``: re-run the post-load processing of every layer that holds a
+    parameter first held by another layer (a tied ``lm_head``, whose weight is ``embed_tokens.weight``).
+
+    vLLM's layerwise reload processes only the layer that loads a shared parameter (the first holder, the one
+    ``named_parameters`` and so ``load_weights`` address; its "Limitation 2"); the tied layer gets the new values
+    in the shared tensor but keeps what its processing derived from the old ones. On the CPU backend that is the
+    lm_head's packed GEMM handle (``UnquantizedEmbeddingMethod.process_weights_after_loading`` ->
+    ``dispatch_cpu_unquantized_gemm(remove_weight=False)``, which computes from a packed copy, not from
+    ``weight``): the engine sampled from the new body with the initial output layer. Re-running it rebuilds
+    the handle from the current weight and replaces the old one (it does not wrap twice), as vLLM's first load
+    runs it for every layer; on CUDA it is a no-op for an unquantized head, which reads ``weight`` directly."""
+    first: dict[int, torch.nn.Module] = {}
+    for module in model.modules():
+        holders = [first.setdefault(id(p), module) for p in module.parameters(recurse=False)]
+        tied = any(h is not module for h in holders)
+        process = getattr(getattr(module, "quant_method", None), "process_weights_after_loading", None)
+        if tied and callable(process):
+            process(module)
+            if hasattr(module, "update_param_tp_status"):  # as vLLM does after processing a layer
+                module.update_param_tp_status()
 
 
 def engine_dtype(llm) -> torch.dtype | None:

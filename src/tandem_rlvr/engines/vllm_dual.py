@@ -70,11 +70,13 @@ def make_dual_llm(senior_path: str, junior_path: str, *, make=None, **kwargs):
     from transformers import AutoConfig
 
     from tandem_rlvr.engines.vllm_backend import make_llm
+    from tandem_rlvr.models import local_snapshot
 
     check_vllm_internals()
     dual = import_module("tandem_rlvr.engines.vllm_dual_model")
     dual.register()
     trust = kwargs.get("trust_remote_code", False) is True  # only when the user asked (model.trust_remote_code)
+    junior_path = local_snapshot(junior_path, role="junior", code=trust)  # the dual model reads the junior's files itself
     cfg = AutoConfig.from_pretrained(str(senior_path), trust_remote_code=trust)
     vocab = int(cfg.get_text_config().vocab_size)
     overrides = {"architectures": [dual.ARCH], "vocab_size": 2 * vocab + 1, "tandem_vocab": vocab,
@@ -216,10 +218,12 @@ class DualVLLMEngine(EngineBase):
 
     def _load_senior(self, model) -> None:
         """vLLM's layerwise in-place reload of the senior stack from :func:`engine_weights` (a sharded senior
-        streamed one unit at a time, cast to the engine's dtype)."""
+        streamed one unit at a time, cast to the engine's dtype), then the post-load processing of a tied
+        lm_head (:func:`~tandem_rlvr.engines.vllm_backend.reprocess_tied_layers`)."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
+        from tandem_rlvr.engines.vllm_backend import reprocess_tied_layers
         from tandem_rlvr.engines.weights import engine_weights
 
         worker, tandem = _model(self.llm)
@@ -228,6 +232,7 @@ class DualVLLMEngine(EngineBase):
             initialize_layerwise_reload(tandem.senior)
             tandem.senior.load_weights(weights)
             finalize_layerwise_reload(tandem.senior, worker.vllm_config.model_config)
+            reprocess_tied_layers(tandem.senior)  # a tied lm_head: the reload processed embed_tokens only
 
     def sleep(self) -> None:
         """Release what ``rollout.vllm_sleep`` names until the next push or rollout (GPUs; a no-op on a CPU)."""
