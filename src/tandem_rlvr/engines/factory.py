@@ -47,7 +47,6 @@ def _vllm_engine(spec: EngineSpec, *, eos_token_ids: Sequence[int], pad_token_id
     request (:mod:`tandem_rlvr.engines.vllm_dual`); for solo rollouts alone a plain engine of the senior."""
     from tandem_rlvr.engines import vllm_backend as vb
     from tandem_rlvr.engines import vllm_dual
-
     from tandem_rlvr.models import local_snapshot
 
     make, kw = make or vb.make_llm, vllm_kwargs(spec)
