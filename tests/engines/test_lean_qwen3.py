@@ -23,7 +23,7 @@ from tandem_rlvr.engines.lean_qwen3 import LeanQwen3, supports
 from tandem_rlvr.engines.rollout import generate
 from tandem_rlvr.engines.scoring import sequence_logps
 from tandem_rlvr.engines.types import Rollout, Sampling
-from helpers.tiny_models import make_tiny_model
+from helpers.tiny_models import bias_token, make_tiny_model
 
 
 def _qwen3(**kw) -> Qwen3ForCausalLM:
@@ -61,6 +61,29 @@ def test_supports_only_what_it_computes(tokenizer):
     assert not supports(_qwen3(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}))
     assert not supports(_qwen3(use_sliding_window=True, sliding_window=8, max_window_layers=0))
     assert supports(_qwen3(attention_dropout=0.1)) and not supports(_qwen3(attention_dropout=0.1).train())
+
+
+def test_a_users_forward_hook_takes_transformers_path_and_its_own_hooks_do_not(tokenizer):
+    """The lean decoder calls no module, so a hook that changes an output (here +2 on one logit) would be skipped:
+    such a model takes transformers' path; the output-recording hooks transformers installs itself do not count."""
+    model = _qwen3()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[1, 2, 3]]), output_hidden_states=True, output_attentions=True)
+    assert any(m._forward_hooks for m in model.modules()), "transformers installed its recording hooks"
+    assert supports(model)
+    hooks = bias_token(model, 3, 2.0).get_output_embeddings()._forward_hooks
+    assert not supports(model)
+    hooks.clear()
+    assert supports(model)
+    pre = model.model.layers[0].register_forward_pre_hook(lambda mod, args: None)
+    assert not supports(model)
+    pre.remove()
+    glob = torch.nn.modules.module.register_module_forward_hook(lambda mod, i, o: None)
+    try:
+        assert not supports(model)
+    finally:
+        glob.remove()
+    assert supports(model)
 
 
 def test_logits_match_transformers_prefill_decode_and_window():

@@ -26,9 +26,25 @@ import torch.nn.functional as F
 __all__ = ["LeanQwen3", "supports"]
 
 
+def _hooked(model) -> bool:
+    """Whether a forward hook could change what ``model``'s modules compute: a global one, or one on any of its
+    modules other than transformers' own (which record outputs, installed after a call that asks for them). The
+    lean decoder reads the weights and calls no module, so with such a hook it would compute another function
+    (a user's hook on the lm_head: the rollout's recorded log-probs no longer the update's)."""
+    from torch.nn.modules import module as nn_module
+
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return True
+    for m in model.modules():
+        for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()):
+            if not str(getattr(hook, "__module__", "") or "").startswith("transformers."):
+                return True
+    return False
+
+
 def supports(model) -> bool:
     """Whether :class:`LeanQwen3` computes ``model``'s function exactly (up to float order)."""
-    if type(model).__name__ != "Qwen3ForCausalLM" or getattr(model, "peft_config", None):
+    if type(model).__name__ != "Qwen3ForCausalLM" or getattr(model, "peft_config", None) or _hooked(model):
         return False
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "quantization_config", None) is not None:
