@@ -568,3 +568,18 @@ def test_checks_settled_in_the_parent_add_no_count_of_their_own():
     with RewardScorer("math", num_workers=1, time_limit=1.0) as sc:
         stats = sc.score([r"\boxed{3}", "no box"], ["3", "3"])[1]
     assert "reward/ok" not in stats and stats["reward/no_box"] == 1.0 and stats["reward/correct"] == 1.0
+
+
+def test_a_gold_math_verify_reads_only_as_text_is_counted_and_named(caplog):
+    """√2 parses as text in math-verify: \\sqrt{2} of equal value scores 0. That is counted and warned, not silent."""
+    from tandem_rlvr.rewards.workers import gold_is_text
+
+    assert gold_is_text("√2") and gold_is_text("½") and not gold_is_text(r"\sqrt{2}") and not gold_is_text("x=3")
+    comps = [rf"{B}{{\sqrt{{2}}}}", f"{B}{{√2}}", rf"{B}{{\sqrt{{2}}}}", f"{B}{{3}}"]
+    with caplog.at_level("WARNING", logger="tandem_rlvr"), RewardScorer("math", num_workers=1, time_limit=5.0) as sc:
+        rewards, stats = sc.score(comps, ["√2", "√2", r"\sqrt{2}", "3"])
+    assert rewards == [0.0, 1.0, 1.0, 1.0]  # the LaTeX answer against the text gold is the 0
+    assert stats["reward/gold_text"] == 2.0 and "reward/ok" not in stats and stats["reward/errors"] == 0
+    assert sc.totals["reward/gold_text"] == 2.0
+    warned = [r.getMessage() for r in caplog.records if "only as text" in r.getMessage()]
+    assert len(warned) == 1 and "√2" in warned[0]

@@ -502,3 +502,18 @@ def test_processes_rows_merge_token_means_by_their_tokens(monkeypatch):
     out = dist.reduce_row(type("Acc", (), {"num_processes": 2})(), rows[0])
     assert out["train/clip_frac"] == pytest.approx(0.125) and out["train/num_tokens"] == 40.0
     assert out["reward/mean"] == pytest.approx(0.5) and out["step"] == 1
+
+
+def test_processes_rows_sum_counts_that_only_one_process_saw(monkeypatch):
+    """reward/bad_gold and reward/gold_text appear in a row only when they occur: one seen by process 1 alone is
+    kept and summed, not dropped for missing from process 0's row."""
+    import accelerate.utils
+
+    from tandem_rlvr.training import dist
+
+    rows = [{"step": 1, "reward/n": 4.0, "reward/mean": 0.5},
+            {"step": 1, "reward/n": 4.0, "reward/mean": 0.25, "reward/gold_text": 2.0, "reward/bad_gold": 1.0}]
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda _mine: rows)
+    out = dist.reduce_row(type("Acc", (), {"num_processes": 2})(), rows[0])
+    assert out["reward/n"] == 8.0 and out["reward/gold_text"] == 2.0 and out["reward/bad_gold"] == 1.0
+    assert out["reward/mean"] == pytest.approx(0.375)

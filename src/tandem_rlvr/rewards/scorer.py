@@ -79,6 +79,7 @@ class RewardScorer:
         self._workers = [Worker(self.method, memory_limit_mb) for _ in range(max(1, int(n)))]
         self._lock = threading.Lock()
         self._closed, self._start_failures, self._restarts = False, 0, 0
+        self._warned_text_gold = False  # one warning per scorer for a gold math-verify reads only as text
         self._start_error = ""  # why the last worker start failed (named when none can start)
         self.owner_pid = os.getpid()
         self.totals: Counter = Counter()
@@ -126,7 +127,9 @@ class RewardScorer:
 
         ``stats`` (floats): ``reward/n``, ``reward/correct``, ``reward/mean``, ``time/reward_check_s`` (wall-clock seconds) and the
         counts ``reward/timeouts``, ``reward/errors``, ``reward/no_box``, ``reward/too_long``,
-        ``reward/truncated``, ``reward/worker_restarts`` (and ``reward/bad_gold`` for an empty gold);
+        ``reward/truncated``, ``reward/worker_restarts`` (and ``reward/bad_gold`` for an empty gold,
+        ``reward/gold_text`` for a check whose gold math-verify read only as text, e.g. ``√2``: scored, but only
+        the same text can match it; a warning names the first such gold);
         :attr:`totals` accumulates the counts. Identical (gold, answer) pairs are checked once.
         Never raises for a bad completion or a hanging check (those score 0 and are counted); raises
         ``ValueError`` for mismatched lengths or an unknown reward, ``RuntimeError`` once closed, and
@@ -170,8 +173,15 @@ class RewardScorer:
         for (status, value), key in zip(self._run_jobs(jobs, limit, kind) if jobs else [], jobs):
             for i in pairs[key]:
                 rewards[i] = value
-                counts[{"timeout": "timeouts", "error": "errors"}.get(status, "")] += status != "ok"
-        counts.pop("", None)
+                if status != "ok":
+                    counts[{"timeout": "timeouts", "error": "errors"}.get(status, status)] += 1
+            if status == "gold_text" and not self._warned_text_gold:
+                self._warned_text_gold = True
+                logger.warning(
+                    "rewards: math-verify reads the gold answer %r only as text, not as math (Unicode math such as "
+                    "√2, ½, 90° or x² does this): only the same text matches it, so an answer of equal value in "
+                    "LaTeX scores 0. Such checks are counted as reward/gold_text; write the golds in LaTeX "
+                    "(\\sqrt{2}, \\frac{1}{2}, 90^\\circ).", key[0][:80])
         stats = {f"reward/{k}": float(v) for k, v in counts.items()}
         stats["reward/worker_restarts"], self._restarts = float(self._restarts), 0
         stats["reward/n"] = float(len(rewards))

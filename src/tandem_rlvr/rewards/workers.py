@@ -73,16 +73,26 @@ def _verify_pair(gold: str, pred: str) -> bool:
     return bool(pred_parsed) and bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
+def gold_is_text(gold: str) -> bool:
+    """True when math-verify reads ``gold`` only as text (no math expression): Unicode math such as ``√2``,
+    ``½``, ``90°`` or ``x²``. Only the same text matches such a gold; ``\\sqrt{2}`` scores 0 against ``√2``."""
+    return all(isinstance(x, str) for x in _parse_gold(gold))
+
+
 def _run_job(gold: str, pred: str, soft_limit: float) -> tuple[str, float]:
-    """One check inside a worker: (status, score) with status ok / timeout / error."""
+    """One check inside a worker: (status, score) with status ok / gold_text (scored, but the gold was read only
+    as text, :func:`gold_is_text`) / timeout / error."""
     _ALARM["fired"] = False
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, soft_limit)
             ok = _verify_pair(gold, pred)
+            text = gold_is_text(gold)  # cached: the parse above
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        return ("timeout", 0.0) if _ALARM["fired"] else ("ok", 1.0 if ok else 0.0)
+        if _ALARM["fired"]:
+            return "timeout", 0.0
+        return ("gold_text" if text else "ok"), 1.0 if ok else 0.0
     except _SoftTimeout:
         return "timeout", 0.0
     except Exception:  # noqa: BLE001 - a check never raises; MemoryError, RecursionError included

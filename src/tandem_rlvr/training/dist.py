@@ -10,7 +10,7 @@ from tandem_rlvr.training.core import merged_mean
 
 # reward-scorer statistics that are counts (summed over processes); other metrics are averaged
 COUNT_SUFFIXES = ("/n", "/timeouts", "/no_box", "/errors", "/too_long", "/truncated", "/worker_restarts",
-                  "/correct")
+                  "/correct", "/gold_text", "/bad_gold")
 
 
 UNSUPPORTED = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")  # every DDP-style type (NO, MULTI_*) is supported
@@ -80,7 +80,7 @@ def reduce_row(acc, row: dict) -> dict:
 
     rows = gather_object([row])
     out: dict = {}
-    for key in rows[0]:
+    for key in dict.fromkeys(k for r in rows for k in r):  # a count one process alone saw (reward/bad_gold) too
         vals = [r[key] for r in rows if key in r and isinstance(r[key], (int, float))]
         if key == "step" or not vals:
             out[key] = rows[0][key]
