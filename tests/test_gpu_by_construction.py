@@ -272,11 +272,15 @@ def test_saving_a_lora_senior_merges_the_cpu_copy_not_the_model(tokenizer, tmp_p
 # 5. the junior computes under the senior's mixed precision
 # ---------------------------------------------------------------------------------------------------
 
-def test_a_self_paired_junior_starts_at_zero_drift_under_bf16_mixed_precision(tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arm", ["kl_reg", "trlvr"])
+def test_a_self_paired_junior_starts_at_zero_drift_under_bf16_mixed_precision(tokenizer, tmp_path, monkeypatch, arm):
     """accelerate autocasts only the model it prepares: under bf16 mixed precision the senior computed its matrix
     products in bf16 and the float32 self-paired junior in float32, so before any update kl/senior_junior (claim
     3's drift) and KL-Reg's term read a precision offset (1.4e-3 nats in a review's run), not 0. The junior now
-    runs under the same autocast, on transformers' path (the GPU's)."""
+    runs under the same autocast, on transformers' path (the GPU's). trlvr: the junior's log-probs are those
+    recorded in the tandem decode, so the senior's recorded ones are compared with them, not its teacher-forced
+    recomputation (``old`` under mixed precision), another bf16 computation: 5e-4 nats apart in a review's run on
+    a 128-wide Qwen3; here every teacher-forced pass is offset by 1e-3 to stand for that difference."""
     import copy
 
     from accelerate.state import AcceleratorState, GradientState
@@ -286,13 +290,18 @@ def test_a_self_paired_junior_starts_at_zero_drift_under_bf16_mixed_precision(to
     from tandem_rlvr.models import Pair, freeze
     from tandem_rlvr.training.trainer import make_trainer
 
+    from tandem_rlvr.training import trainer as trainer_module
+
     monkeypatch.setattr(fastpath, "FAST_PATH_DEVICES", ())  # transformers' forwards, as on a GPU
+    teacher_forced = trainer_module.sequence_logps
+    monkeypatch.setattr(trainer_module, "sequence_logps", lambda *a, **k: teacher_forced(*a, **k) + 1e-3)
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     senior = make_tiny_model(len(tokenizer), 0, 64)
     with torch.no_grad():
         senior.lm_head.weight.mul_(8.0)  # logits of a language model's spread: bf16 rounding shows in the KL
     examples = [types.SimpleNamespace(id=str(i), problem=f"What is {i} plus 2?", answer=str(i + 2)) for i in range(4)]
-    cfg = load_config(None, ["algo.arm=kl_reg", "algo.kl_beta=1e-3", "model.senior=unused", "model.self_paired=true",
+    beta = ["algo.kl_beta=1e-3"] if arm == "kl_reg" else []
+    cfg = load_config(None, [f"algo.arm={arm}", *beta, "model.senior=unused", "model.self_paired=true",
                              "model.mixed_precision=bf16", "algo.old_logps=recompute", "train.steps=1",
                              "train.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=16",
                              f"train.out_dir={tmp_path}", "algo.lr=1e-6", "train.save_every=0", "train.progress=false"])
@@ -308,3 +317,35 @@ def test_a_self_paired_junior_starts_at_zero_drift_under_bf16_mixed_precision(to
         GradientState._reset_state()
     assert row["kl/senior_junior"] == pytest.approx(0.0, abs=1e-7)
     assert row["kl/senior_junior_k3"] == pytest.approx(0.0, abs=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. a bf16 copy of the senior keeps the float32 buffers a bf16 load keeps
+# ---------------------------------------------------------------------------------------------------
+
+def test_the_bf16_self_paired_junior_keeps_ropes_float32_inv_freq_as_a_bf16_load_does(tmp_path):
+    """model.junior_dtype=bfloat16 with self_paired: the junior was ``deepcopy(senior).to(bf16)``, which also cast
+    RoPE's inv_freq (relative error 3.7e-3 in a review): its angles then drift with the position, unlike the same
+    weights loaded in bf16 (the vLLM engine's junior). Only the parameters are cast now."""
+    import copy
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tandem_rlvr.models import cast_parameters
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, tie_word_embeddings=True, rope_theta=1e6)
+    senior = Qwen3ForCausalLM(cfg)
+    senior.save_pretrained(tmp_path)
+    loaded = Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    junior = cast_parameters(copy.deepcopy(senior), torch.bfloat16)
+    assert {p.dtype for p in junior.parameters()} == {torch.bfloat16}
+    assert junior.lm_head.weight is junior.model.embed_tokens.weight  # still tied
+    want = {n: b.dtype for n, b in loaded.named_buffers()}
+    assert want and {n: b.dtype for n, b in junior.named_buffers()} == want
+    assert junior.model.rotary_emb.inv_freq.dtype == torch.float32
+    ids = torch.tensor([[3, 5, 7, 11, 13]])
+    with torch.no_grad():
+        assert torch.equal(junior(input_ids=ids).logits, loaded(input_ids=ids).logits)
+    assert {p.dtype for p in senior.parameters()} == {torch.float32}  # the senior itself untouched

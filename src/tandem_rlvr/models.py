@@ -346,7 +346,7 @@ def load_pair(mcfg) -> Pair:
         if mcfg.lora_r > 0:
             senior = _apply_lora(senior, mcfg)
             return Pair(senior, AdapterOff(senior), tok, lora=True)
-        junior = freeze(copy.deepcopy(senior).to(DTYPES[jdtype]))
+        junior = freeze(cast_parameters(copy.deepcopy(senior), DTYPES[jdtype]))
     else:
         jtok = load_tokenizer(mcfg.junior, trust_remote_code=trc, role="junior", revision=mcfg.junior_revision)
         junior = freeze(load_causal_lm(mcfg.junior, dtype=jdtype, trust_remote_code=trc, role="junior",
@@ -358,6 +358,17 @@ def load_pair(mcfg) -> Pair:
         check_tokenizers(tok, jtok, mcfg.senior, mcfg.junior)
     _check_rows(senior, junior, tok, mcfg)
     return Pair(senior, junior, tok, lora=mcfg.lora_r > 0)
+
+
+def cast_parameters(model, dtype: torch.dtype):
+    """``model`` with its floating-point parameters in ``dtype`` and its buffers left as they are: what loading it in
+    ``dtype`` gives. ``Module.to(dtype)`` would also cast the float32 buffers a model keeps on purpose (RoPE's
+    ``inv_freq``: in bf16 its angles drift with the position), so a bf16 copy of a senior would not compute what
+    the same weights loaded in bf16 (the vLLM engine's junior) compute."""
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return model
 
 
 def _check_rows(senior, junior, tok, mcfg) -> None:

@@ -86,6 +86,30 @@ def test_a_users_forward_hook_takes_transformers_path_and_its_own_hooks_do_not(t
     assert supports(model)
 
 
+def test_a_forward_under_autocast_takes_transformers_path(tokenizer):
+    """Under model.mixed_precision=bf16 accelerate wraps the senior's forward in an autocast (and the trainer the
+    junior's): the lean decoder, which calls no forward, would decode in float32 what the update computes in bf16."""
+    from accelerate import Accelerator
+
+    from tandem_rlvr.training.build import junior_autocast
+
+    senior, junior = _qwen3(), _qwen3()
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    try:
+        senior = acc.prepare(senior)
+        junior_autocast(acc, junior)
+        assert not supports(acc.unwrap_model(senior)) and not supports(junior)
+    finally:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    plain = _qwen3()
+    assert supports(plain)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not supports(plain)
+
+
 def test_logits_match_transformers_prefill_decode_and_window():
     model = _qwen3()
     B, P, N = 5, 12, 9

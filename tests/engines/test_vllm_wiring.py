@@ -272,18 +272,21 @@ class SleepyDual(DualStandIn):
 
 
 @pytest.mark.parametrize("mode, asleep", [
-    ("weights", ["sleep(1)", "wake['weights']", "push", "wake['kv_cache', 'scheduling']", "reset_prefix_cache"]),
-    ("kv", ["sleep(0)", "release_kv", "push", "wake['kv_cache', 'scheduling']", "reset_prefix_cache"]),
+    ("weights", ["sleep(1)", "empty_cache", "wake['weights']", "push", "empty_cache", "wake['kv_cache', 'scheduling']",
+                 "reset_prefix_cache"]),
+    ("kv", ["sleep(0)", "release_kv", "push", "empty_cache", "wake['kv_cache', 'scheduling']", "reset_prefix_cache"]),
     ("off", ["push", "reset_prefix_cache"]),
 ])
 def test_sleep_mode_gives_memory_to_the_update_and_wakes_for_the_push(tmp_path, tokenizer, models, monkeypatch, mode,
                                                                       asleep):
     """rollout.vllm_sleep on a platform with sleep mode: after each step's rollouts the engine sleeps through the
-    update; its weights come back before the push loads the new ones, the KV cache and scheduler after it."""
+    update; its weights come back before the push loads the new ones, the KV cache and scheduler after it. PyTorch's
+    cached memory goes back to the driver before each wake-up (vLLM maps its memory back past PyTorch's allocator)."""
     from tandem_rlvr.engines import vllm_backend as vb
 
     monkeypatch.setattr(vb, "_sleep_available", lambda m: m != "off")
     llm = SleepyDual(*models, tokenizer)
+    monkeypatch.setattr(vb, "release_cached_memory", lambda: llm.log.append("empty_cache"))
     engine = StandInDual(llm, tokenizer)
     engine.sleeper = vb.EngineSleep(llm, mode)
     real_load = engine._load_senior
@@ -292,6 +295,18 @@ def test_sleep_mode_gives_memory_to_the_update_and_wakes_for_the_push(tmp_path, 
              engine).train()
     step = ["generate", *asleep]
     assert llm.log == step + step
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_cached_memory_goes_back_to_the_driver_only_where_cuda_runs(monkeypatch, cuda):
+    from tandem_rlvr.engines import vllm_backend as vb
+
+    freed = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append(1))
+    vb.release_cached_memory()
+    assert freed == ([1] if cuda else [])
 
 
 class _Faulty:

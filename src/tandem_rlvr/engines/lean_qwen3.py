@@ -42,9 +42,17 @@ def _hooked(model) -> bool:
     return False
 
 
+def _wrapped(model) -> bool:
+    """Whether ``model``'s forward is not its class's: an instance attribute in its place (accelerate's autocast
+    under mixed precision, the trainer's junior autocast, a user's patch), or an autocast context around the call.
+    The lean decoder calls no forward, so it would decode in float32 what the wrapped forward computes in bf16."""
+    return "forward" in vars(model) or torch.is_autocast_enabled("cpu")
+
+
 def supports(model) -> bool:
     """Whether :class:`LeanQwen3` computes ``model``'s function exactly (up to float order)."""
-    if type(model).__name__ != "Qwen3ForCausalLM" or getattr(model, "peft_config", None) or _hooked(model):
+    if (type(model).__name__ != "Qwen3ForCausalLM" or getattr(model, "peft_config", None) or _hooked(model)
+            or _wrapped(model)):
         return False
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "quantization_config", None) is not None:

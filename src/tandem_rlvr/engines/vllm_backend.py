@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -222,6 +223,7 @@ class EngineSleep:
     def wake_weights(self) -> None:
         """Before a push: the weights back in device memory (the KV cache stays released)."""
         if self.weights_out:
+            release_cached_memory()
             self.llm.wake_up(tags=["weights"])
             self.weights_out = False
 
@@ -229,8 +231,19 @@ class EngineSleep:
         """Everything back; the scheduler resumes."""
         if self.asleep:
             self.wake_weights()
+            release_cached_memory()
             self.llm.wake_up(tags=["kv_cache", "scheduling"])
             self.asleep = False
+
+
+def release_cached_memory() -> None:
+    """Hand PyTorch's cached, unused GPU memory back to the driver before vLLM wakes. vLLM maps its sleeping memory
+    back with the driver's own calls (``cuMemCreate``), past PyTorch's caching allocator, which would otherwise
+    still hold the update's freed gradients, activations and logits: on a 4B model that is tens of GB, enough to
+    make the wake-up run out of memory on an 80 GB card. No-op without CUDA."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gc.collect()  # tensors kept alive only by reference cycles are freed first
+        torch.cuda.empty_cache()
 
 
 _SAID: set[str] = set()  # the modes whose no-op has been logged in this process

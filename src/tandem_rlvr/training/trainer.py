@@ -172,7 +172,10 @@ class Trainer:
             if junior_lp is None and self.junior is not None and not self.bridge:  # other vocabulary: no per-token KL
                 junior_lp = sequence_logps(self.junior, rollout, temp, self.rows_per_forward)
         mask = loss_mask(rollout, plan, reduce=lambda x: dist.reduce_scalar(self.acc, x, "sum"))
-        metrics = self._drift_metrics(old, junior_lp, rollout)
+        # the drift compares like with like: log-probs the engine recorded for both models while decoding (under
+        # mixed precision ``old`` is a teacher-forced forward, another computation than the junior's recorded one)
+        recorded = rollout.junior_logps_BT is not None and rollout.logps_recorded
+        metrics = self._drift_metrics(rollout.senior_logps_BT if recorded else old, junior_lp, rollout)
         metrics["time/score_s"] = time.perf_counter() - t0  # teacher-forced old (and junior) log-probs
         senior.train()
         mb = cfg.mini_batch_prompts() * G // self.acc.num_processes
