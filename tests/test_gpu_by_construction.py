@@ -349,3 +349,23 @@ def test_the_bf16_self_paired_junior_keeps_ropes_float32_inv_freq_as_a_bf16_load
     with torch.no_grad():
         assert torch.equal(junior(input_ids=ids).logits, loaded(input_ids=ids).logits)
     assert {p.dtype for p in senior.parameters()} == {torch.float32}  # the senior itself untouched
+
+
+# ---------------------------------------------------------------------------------------------------
+# 7. AdamW on CUDA is fused: no float32 copy of the second moments at every step
+# ---------------------------------------------------------------------------------------------------
+
+def test_adamw_is_fused_on_cuda_parameters_and_the_default_elsewhere(monkeypatch):
+    """torch's default AdamW on CUDA (foreach) allocates sqrt(v) for every parameter at once at each step, 16 GB for
+    an unsharded 4B model at the update's peak; the fused kernel allocates none (and takes FSDP2's DTensors: checked
+    on CPU with two gloo processes, fused equal to foreach within 1.5e-8 after 3 steps). CPU runs keep the default."""
+    from tandem_rlvr.training import build
+
+    made = []
+    monkeypatch.setattr(torch.optim, "AdamW", lambda params, **kw: made.append(kw))
+    cuda = types.SimpleNamespace(device=torch.device("cuda", 0))
+    build.make_adamw([cuda, cuda], lr=1e-6, weight_decay=0.0)
+    build.make_adamw([torch.nn.Parameter(torch.zeros(2))], lr=1e-6, weight_decay=0.0)
+    build.make_adamw([cuda, torch.nn.Parameter(torch.zeros(2))], lr=1e-6, weight_decay=0.0)
+    assert [kw.get("fused") for kw in made] == [True, None, None]
+    assert all(kw["lr"] == 1e-6 for kw in made)

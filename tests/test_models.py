@@ -174,3 +174,24 @@ def test_lora_on_tied_embeddings_is_refused_and_untied_ones_train(tmp_path, mode
     assert load_pair(cfg.model).lora
     ok = load_config(None, [f"model.senior={model_dirs[0]}", "model.self_paired=true", "model.lora_r=4"])
     assert load_pair(ok.model).lora  # the default targets (attention projections) on the tied senior
+
+
+def test_a_junior_that_ends_on_other_ids_keeps_them(tmp_path, model_dirs):
+    """One vocabulary, other end-of-sequence ids (a base senior, an instruct junior): the pair records the junior's
+    own (its generation config's and its tokenizer's), so its end of turn ends a row; the same ids record nothing."""
+    import json
+    import shutil
+
+    from tandem_rlvr.models import AdapterOff, eos_ids, junior_eos_ids
+
+    senior_dir, junior_dir = model_dirs
+    pair = load_pair(load_config(None, [f"model.senior={senior_dir}", f"model.junior={junior_dir}"]).model)
+    assert pair.junior_eos == () and junior_eos_ids(pair.tokenizer, pair.senior, pair.junior) is None
+    other = tmp_path / "instruct"
+    shutil.copytree(junior_dir, other)
+    gen = json.loads((other / "generation_config.json").read_text()) if (other / "generation_config.json").exists() else {}
+    (other / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [7]}))
+    pair = load_pair(load_config(None, [f"model.senior={senior_dir}", f"model.junior={other}"]).model)
+    assert pair.junior_eos == tuple(sorted({7, pair.tokenizer.eos_token_id}))
+    assert 7 not in eos_ids(pair.tokenizer, pair.senior)
+    assert junior_eos_ids(pair.tokenizer, pair.senior, AdapterOff(pair.senior)) is None

@@ -277,6 +277,18 @@ def eos_ids(tokenizer, model=None) -> list[int]:
     return sorted(ids)
 
 
+def junior_eos_ids(tokenizer, senior, junior, junior_tokenizer=None) -> list[int] | None:
+    """The ids that end a row where the junior writes them, or None where they are the senior's
+    (:func:`eos_ids`). A junior of the senior's vocabulary may end on other tokens: a base model and an instruct
+    model of one family (Llama 3: ``<|end_of_text|>`` and ``<|eot_id|>``; Qwen2.5: ``<|endoftext|>`` and
+    ``<|im_end|>``). Its own tokenizer's EOS (``junior_tokenizer``, else the shared one) and its generation config's
+    count, as the senior's do for the senior."""
+    if junior is None or isinstance(junior, AdapterOff):  # no junior, or the senior itself with its adapter off
+        return None
+    mine = eos_ids(junior_tokenizer or tokenizer, junior if hasattr(junior, "generation_config") else None)
+    return None if mine == eos_ids(tokenizer, senior) else mine
+
+
 class AdapterOff:
     """A peft model seen with its adapter disabled: the frozen base model, without a second copy."""
 
@@ -307,6 +319,7 @@ class Pair:
     tokenizer: object
     lora: bool = False
     junior_tokenizer: object = None  # set only for a text-bridged junior with its own vocabulary
+    junior_eos: tuple = ()  # a junior of the same vocabulary ending on other ids than the senior (junior_eos_ids)
 
 
 def _apply_lora(model, mcfg):
@@ -356,6 +369,9 @@ def load_pair(mcfg) -> Pair:
         if getattr(mcfg, "bridge", False):
             return Pair(senior, junior, tok, lora=mcfg.lora_r > 0, junior_tokenizer=jtok)
         check_tokenizers(tok, jtok, mcfg.senior, mcfg.junior)
+        _check_rows(senior, junior, tok, mcfg)
+        return Pair(senior, junior, tok, lora=mcfg.lora_r > 0,
+                    junior_eos=tuple(junior_eos_ids(tok, senior, junior, jtok) or ()))
     _check_rows(senior, junior, tok, mcfg)
     return Pair(senior, junior, tok, lora=mcfg.lora_r > 0)
 

@@ -33,6 +33,7 @@ from tandem_rlvr.engines.handoff import Schedule, make_schedule
 from tandem_rlvr.engines.inprocess import InProcessEngine
 from tandem_rlvr.engines.types import Rollout, Sampling
 from tandem_rlvr.errors import TandemError
+from tandem_rlvr.models import junior_eos_ids
 from tandem_rlvr.seeds import derive_seed
 from tandem_rlvr.training.ownership import check_ownership
 
@@ -132,7 +133,8 @@ class TandemRollout:
             senior.eval()
             try:
                 engine = InProcessEngine(senior, self.junior, eos_token_ids=trainer.eos_token_ids,
-                                         pad_token_id=self.tokenizer.pad_token_id, mode=self.mode)
+                                         pad_token_id=self.tokenizer.pad_token_id, mode=self.mode,
+                                         junior_eos_token_ids=junior_eos_ids(self.tokenizer, senior, self.junior))
                 rollout = engine.generate(batch, self.schedule, sampling, seed=seed, max_rounds=self.max_rounds)
             finally:
                 senior.train(was_training)

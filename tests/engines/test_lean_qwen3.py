@@ -90,18 +90,19 @@ def test_a_forward_under_autocast_takes_transformers_path(tokenizer):
     """Under model.mixed_precision=bf16 accelerate wraps the senior's forward in an autocast (and the trainer the
     junior's): the lean decoder, which calls no forward, would decode in float32 what the update computes in bf16."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
 
     from tandem_rlvr.training.build import junior_autocast
 
     senior, junior = _qwen3(), _qwen3()
-    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
     try:
+        acc = Accelerator(cpu=True, mixed_precision="bf16")
         senior = acc.prepare(senior)
         junior_autocast(acc, junior)
         assert not supports(acc.unwrap_model(senior)) and not supports(junior)
     finally:
-        from accelerate.state import AcceleratorState, GradientState
-
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
     plain = _qwen3()

@@ -324,3 +324,26 @@ def test_kv_cache_is_preallocated_not_concatenated(tokenizer, pair, batch, monke
     assert len(made) == layers
     P = batch[0].shape[1]
     assert all(layer._k.shape[-2] == P + 30 and layer.n == P + r.response_ids_BT.shape[1] - 1 for layer in made)
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "catchup"])
+def test_a_token_ends_its_row_only_where_it_is_its_authors_eos(tokenizer, batch, mode):
+    """A base senior and an instruct junior of one vocabulary end on different ids. Both models here write token X
+    at every step; X is the junior's EOS, not the senior's: a row ends at the first X the junior writes, never at
+    one the senior writes (before, only the senior's EOS ended a row: the junior's end of turn was written over)."""
+    X = 7
+    senior = bias_token(make_tiny_model(len(tokenizer), 0, 48), X, 50.0)
+    junior = bias_token(make_tiny_model(len(tokenizer), 1, 32), X, 50.0)
+    greedy = Sampling(max_new_tokens=12, temperature=0)
+    sch = make_schedule("bernoulli", p=0.5)
+    r = _gen(tokenizer, senior, junior, batch, sch, greedy, seed=3, mode=mode, junior_eos_token_ids=[X])
+    for b in range(r.batch_size):
+        n = int(r.response_mask_BT[b].sum())
+        owners = r.owner_BT[b, :n].tolist()
+        assert r.response_ids_BT[b, :n].tolist() == [X] * n
+        assert 0 not in owners[:-1], "a junior-written X before the end did not end the row"
+        assert owners[-1] == 0 and bool(r.finished_B[b]), "the row ran past the junior's EOS"
+    solo = _gen(tokenizer, senior, junior, batch, make_schedule("none"), greedy, mode=mode, junior_eos_token_ids=[X])
+    assert bool((solo.response_mask_BT.sum(-1) == 12).all()) and not bool(solo.finished_B.any())  # X is not his
+    same = _gen(tokenizer, senior, junior, batch, sch, greedy, seed=3, mode=mode)
+    assert bool((same.response_mask_BT.sum(-1) == 12).all())  # default: the senior's EOS for both

@@ -61,8 +61,10 @@ class DualStandIn:
         assert all(sp.extra_args["tandem"]["b"] == b for b, sp in enumerate(params)) and a["n"] == len(reqs)
         schedule = Schedule.from_dict(a, token_table(self.tok))  # the round trip the dual engine's processor makes
         sampling = _sampling(params)
+        stop = params[0].stop_token_ids
         ro = generate(self.senior, self.junior if schedule.name != "none" else None, *_pad(self.tok, reqs), schedule,
-                      sampling, eos_token_ids=[e for e in params[0].stop_token_ids if e < self.V],
+                      sampling, eos_token_ids=[e for e in stop if e < self.V],
+                      junior_eos_token_ids=[e - self.V for e in stop if self.V <= e < 2 * self.V],
                       pad_token_id=self.tok.pad_token_id, seed=a["seed"], max_rounds=a["max_rounds"], record_junior=False)
         rows = []
         for b in range(len(reqs)):
@@ -80,9 +82,9 @@ class DualStandIn:
 class StandInDual(DualVLLMEngine):
     """The dual engine over a :class:`DualStandIn`: pushes and solo switches recorded, not sent to a worker."""
 
-    def __init__(self, llm, tok):
+    def __init__(self, llm, tok, **kw):
         super().__init__(llm, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
-                         sampling_params_cls=lambda **k: SimpleNamespace(**k))
+                         sampling_params_cls=lambda **k: SimpleNamespace(**k), **kw)
         self.pushes: list[dict[str, torch.Tensor]] = []
         self.solo_calls: list[bool] = []
 
@@ -150,6 +152,29 @@ def test_training_rollouts_come_from_the_engines_and_match_in_process(tmp_path, 
         assert 0 < float(owners.float().mean()) < 1, "the word schedule must hand off in this fixture"
     else:
         assert bool(owners.all())
+
+
+def test_the_dual_engine_ends_a_row_on_each_authors_own_eos(tokenizer, models):
+    """A junior whose EOS (X) is not the senior's: the dual engine stops a request on X only where the junior writes
+    it (sampled as X + V), and replays such a row as ended, as the in-process engine does."""
+    from tandem_rlvr.engines.base import PromptBatch
+    from tandem_rlvr.engines.inprocess import InProcessEngine
+    from helpers.tiny_models import bias_token
+
+    X, V = 7, len(tokenizer)
+    senior, junior = (bias_token(copy.deepcopy(m), X, 50.0) for m in models)
+    engine = StandInDual(DualStandIn(senior, junior, tokenizer), tokenizer, junior_eos_token_ids=[X])
+    schedule, sampling = make_schedule("bernoulli", p=0.5), Sampling(max_new_tokens=12, temperature=NEAR_GREEDY)
+    stop = engine._params(schedule, sampling, 0, 1, 0, None).stop_token_ids
+    assert X + V in stop and X not in stop and tokenizer.eos_token_id in stop
+    ids = [tokenizer.encode(t) for t in ("What is 3 plus 4?", "hi there", "Tom has 12 apples.")]
+    batch = PromptBatch.left_padded(ids, tokenizer.pad_token_id)
+    got = engine.generate(batch, schedule, sampling, seed=3)
+    ref = InProcessEngine(senior, junior, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
+                          junior_eos_token_ids=[X]).generate(batch, schedule, Sampling(12, 0), seed=3)
+    for name in ("response_ids_BT", "response_mask_BT", "owner_BT", "finished_B"):
+        assert torch.equal(getattr(ref, name).long(), getattr(got, name).long()), name
+    assert bool(got.finished_B.all()) and int(got.response_mask_BT.sum(-1).max()) < 12
 
 
 def test_weights_reach_the_senior_stack_after_every_update_and_on_resume(tmp_path, tokenizer, models):

@@ -13,22 +13,25 @@ __all__ = ["build_engine", "vllm_kwargs"]
 
 
 def build_engine(spec: EngineSpec, senior, junior, *, eos_token_ids: Sequence[int], pad_token_id: int,
-                 tokenizer=None, junior_tokenizer=None, make=None) -> Engine:
+                 tokenizer=None, junior_tokenizer=None, make=None,
+                 junior_eos_token_ids: Sequence[int] | None = None) -> Engine:
     """The engine ``spec`` describes, over ``senior`` and ``junior`` (loaded, on their device; the vLLM engines
     load their own copies from the spec's paths). The schedules it must serve are checked first, so a refusal
     comes before anything starts. The text bridge needs both ``tokenizer`` and ``junior_tokenizer``; ``make``
-    replaces ``vllm_backend.make_llm`` (tests)."""
+    replaces ``vllm_backend.make_llm`` (tests). ``eos_token_ids`` end a row where the senior writes them,
+    ``junior_eos_token_ids`` where the junior does (default: the senior's; the bridge reads the junior's own)."""
     spec.check()
     if spec.bridge:
         from tandem_rlvr.engines.bridge import BridgeEngine
 
         return BridgeEngine(senior, tokenizer, junior, junior_tokenizer, eos_token_ids=eos_token_ids)
     if spec.vllm:
-        return _vllm_engine(spec, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, make=make)
+        return _vllm_engine(spec, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, make=make,
+                            junior_eos_token_ids=junior_eos_token_ids)
     from tandem_rlvr.engines.inprocess import InProcessEngine
 
     return InProcessEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, mode=spec.mode,
-                           record_junior=spec.record_junior)
+                           record_junior=spec.record_junior, junior_eos_token_ids=junior_eos_token_ids)
 
 
 def vllm_kwargs(spec: EngineSpec) -> dict:
@@ -42,7 +45,8 @@ def vllm_kwargs(spec: EngineSpec) -> dict:
     return kw
 
 
-def _vllm_engine(spec: EngineSpec, *, eos_token_ids: Sequence[int], pad_token_id: int, make=None) -> Engine:
+def _vllm_engine(spec: EngineSpec, *, eos_token_ids: Sequence[int], pad_token_id: int, make=None,
+                 junior_eos_token_ids: Sequence[int] | None = None) -> Engine:
     """For tandem rollouts one dual engine that holds the senior and the junior and decodes each rollout as one
     request (:mod:`tandem_rlvr.engines.vllm_dual`); for solo rollouts alone a plain engine of the senior."""
     from tandem_rlvr.engines import vllm_backend as vb
@@ -58,4 +62,5 @@ def _vllm_engine(spec: EngineSpec, *, eos_token_ids: Sequence[int], pad_token_id
     if spec.solo:
         return vb.VLLMEngine(make(senior, **kw), **common)
     junior = local_snapshot(spec.junior_path, spec.junior_revision, role="junior", code=spec.trust_remote_code)
-    return vllm_dual.DualVLLMEngine(vllm_dual.make_dual_llm(senior, junior, make=make, **kw), **common)
+    return vllm_dual.DualVLLMEngine(vllm_dual.make_dual_llm(senior, junior, make=make, **kw), **common,
+                                    junior_eos_token_ids=junior_eos_token_ids)

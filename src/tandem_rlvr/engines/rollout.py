@@ -171,10 +171,13 @@ def generate(
     max_rounds: int | None = None,
     record_junior: bool = True,
     mode: str = "lockstep",
+    junior_eos_token_ids: Sequence[int] | None = None,
 ) -> Rollout:
     """Co-generate responses to left-padded prompts; see the module docstring.
 
-    ``max_rounds`` ends a sequence once it would start turn ``max_rounds + 1``. ``record_junior``
+    A token ends its row where it is an EOS of the model that wrote it: ``eos_token_ids`` the senior's,
+    ``junior_eos_token_ids`` the junior's (default: the senior's; a base model and an instruct model of one
+    vocabulary end on different tokens). ``max_rounds`` ends a sequence once it would start turn ``max_rounds + 1``. ``record_junior``
     runs the junior even when it never writes, to record its log-probs. ``mode``: ``"lockstep"``
     or ``"catchup"`` (same result, different forward pattern; see the module docstring).
     """
@@ -194,7 +197,8 @@ def generate(
         decs = [_Decoder(m, prompt_ids_BP, prompt_mask_BP, n_new=n_new, pad_BL=pad_BL,
                          temperature=sampling.temperature, fast=f) for m, f in zip(models, fast)]
         run = _CoWrite(decs, schedule, sampling, seed=seed, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
-                       max_rounds=max_rounds, lockstep=mode == "lockstep", device=device)
+                       max_rounds=max_rounds, lockstep=mode == "lockstep", device=device,
+                       junior_eos_token_ids=junior_eos_token_ids)
         run.run()
     return run.rollout(prompt_ids_BP, prompt_mask_BP)
 
@@ -203,7 +207,7 @@ class _CoWrite:
     """The decoding loop of :func:`generate`: buffers, the schedule's state and one step per token."""
 
     def __init__(self, decs: list[_Decoder], schedule: Schedule, sampling: Sampling, *, seed: int, eos_token_ids,
-                 pad_token_id: int, max_rounds: int | None, lockstep: bool, device):
+                 pad_token_id: int, max_rounds: int | None, lockstep: bool, device, junior_eos_token_ids=None):
         self.decs, self.schedule, self.sampling = decs, schedule, sampling
         self.s_dec, self.j_dec = decs[0], (decs[1] if len(decs) > 1 else None)
         self.max_rounds, self.lockstep, self.device = max_rounds, lockstep, device
@@ -212,6 +216,8 @@ class _CoWrite:
         self.coins = schedule.coins(B, seed)
         self.state = schedule.start(self.coins)
         self.eos = torch.tensor(sorted({int(e) for e in eos_token_ids}), dtype=torch.long, device=device)
+        j_eos = sorted({int(e) for e in junior_eos_token_ids}) if junior_eos_token_ids is not None else None
+        self.eos_j = None if j_eos is None or j_eos == self.eos.tolist() else torch.tensor(j_eos, device=device)
         self.ids = torch.full((B, n_new), pad_token_id, dtype=torch.long, device=device)
         self.owner = torch.zeros(B, n_new, dtype=torch.long, device=device)
         self.turn = torch.full_like(self.ids, -1)  # the schedule's decisions (Rollout.turn_author_BT)
@@ -267,7 +273,10 @@ class _CoWrite:
         # past max_rounds, is never written)
         self.rounds = torch.where(live.cpu(), self.state.rounds_B, self.rounds)
         self.state = self.schedule.advance(self.state, tok, self.coins)
-        self.hit_eos = self.hit_eos | (torch.isin(tok, self.eos) & live)
+        ends = torch.isin(tok, self.eos)
+        if self.eos_j is not None:  # each author's own EOS
+            ends = torch.where(author, ends, torch.isin(tok, self.eos_j))
+        self.hit_eos = self.hit_eos | (ends & live)
         self.done = self.done | self.hit_eos | over_rounds(self.state.rounds_B, self.max_rounds).to(self.device)
         if self.pair is not None:
             if self.s_dec.seen >= t:

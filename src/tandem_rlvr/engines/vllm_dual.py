@@ -111,13 +111,14 @@ class DualVLLMEngine(EngineBase):
     own_weights = batches_requests = True
 
     def __init__(self, llm, *, eos_token_ids: Sequence[int], pad_token_id: int, sampling_params_cls=None,
-                 timeout_s: float = 600.0, sleep: str = "off"):
+                 timeout_s: float = 600.0, sleep: str = "off", junior_eos_token_ids: Sequence[int] | None = None):
         from tandem_rlvr.engines.vllm_backend import EngineSleep
 
         self.llm, self.V, self.sleeper = llm, int(llm.tandem_vocab), EngineSleep(llm, sleep)
         self.timeout_s, self.thread = float(timeout_s), EngineThread(name="vllm-dual-engine")  # the caller's device
         self.params_cls = sampling_params_cls or import_module("vllm").SamplingParams
-        self.eos = sorted({int(e) for e in eos_token_ids})
+        self.eos = sorted({int(e) for e in eos_token_ids})  # a senior token that ends the row
+        self.eos_j = self.eos if junior_eos_token_ids is None else sorted({int(e) for e in junior_eos_token_ids})
         self.pad = int(pad_token_id)
         self._solo: bool | None = None
 
@@ -136,7 +137,7 @@ class DualVLLMEngine(EngineBase):
         self._solo = solo
 
     def _params(self, schedule: Schedule, sampling: Sampling, seed: int, n: int, b: int, max_rounds: int | None):
-        stop = self.eos + [e + self.V for e in self.eos] + [2 * self.V]
+        stop = self.eos + [e + self.V for e in self.eos_j] + [2 * self.V]  # a junior id i is sampled as V + i
         args = {**schedule.to_dict(), "n": n, "b": b, "seed": seed, "max_rounds": max_rounds}  # Schedule.from_dict
         return self.params_cls(n=1, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
                                top_p=sampling.top_p, top_k=sampling.top_k, seed=derive_seed(seed, b, weights=ROW_WEIGHTS),
@@ -199,7 +200,7 @@ class DualVLLMEngine(EngineBase):
             turn.append(sched.decision())
             rounds = sched.rounds  # the turn of the last token written (as the in-process engine counts)
             sched.feed(real)
-            if real in self.eos:
+            if real in (self.eos if senior else self.eos_j):
                 eos = True
                 break
         return ids, owner, turn, rounds if ids else sched.rounds, eos

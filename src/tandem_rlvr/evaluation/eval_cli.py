@@ -279,13 +279,16 @@ def _engine_spec(opts: EvalOptions, path: str, junior_path: str, dtype: str, max
                       long_context=bool(opts.max_context))
 
 
-def _engine(opts: EvalOptions, path: str, junior_path: str, dtype: str, tok, senior, junior, max_model_len=None):
-    """The rollout engine of one senior (:func:`_engine_spec`, built by the one constructor)."""
+def _engine(opts: EvalOptions, path: str, junior_path: str, dtype: str, tok, senior, junior, max_model_len=None,
+            junior_tok=None):
+    """The rollout engine of one senior (:func:`_engine_spec`, built by the one constructor); each model's tokens
+    end a chain on its own EOS."""
     from tandem_rlvr.engines.factory import build_engine
-    from tandem_rlvr.models import eos_ids
+    from tandem_rlvr.models import eos_ids, junior_eos_ids
 
     return build_engine(_engine_spec(opts, path, junior_path, dtype, max_model_len), senior, junior,
-                        eos_token_ids=eos_ids(tok, senior), pad_token_id=tok.pad_token_id)
+                        eos_token_ids=eos_ids(tok, senior), pad_token_id=tok.pad_token_id,
+                        junior_eos_token_ids=junior_eos_ids(tok, senior, junior, junior_tok))
 
 
 def _load_senior(opts: EvalOptions, name: str, path: str, tok, junior, junior_tok, junior_name: str,
@@ -306,7 +309,8 @@ def _load_senior(opts: EvalOptions, name: str, path: str, tok, junior, junior_to
         raise ConfigError(f"eval: --engine vllm needs output layers of one size; senior {name!r} and junior "
                           f"{junior_name!r} share a tokenizer but not that ({cut}): use --engine hf")
     if same_vocabulary(senior, junior, tok, junior_tok):
-        engine = _engine(opts, path, junior_path or opts.junior, dtype, tok, senior, junior, (reach or {}).get(path))
+        engine = _engine(opts, path, junior_path or opts.junior, dtype, tok, senior, junior, (reach or {}).get(path),
+                         junior_tok)
         return senior, engine, cut
     if opts.engine == "vllm":
         raise ConfigError(f"eval: --engine vllm needs a senior and junior with one vocabulary; senior {name!r} "

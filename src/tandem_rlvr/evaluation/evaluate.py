@@ -374,7 +374,7 @@ def make_job(senior, junior, tokenizer, examples: Sequence, settings: EvalSettin
              scorer=None, labels: dict | None = None, sink: Callable | None = None, keep_chains: bool = True,
              engine=None, shard: tuple[int, int] = (0, 1)) -> Job:
     """The :class:`Job` of one evaluation; the prompts that fit ``settings.context`` (and ``max_prompt_tokens``)."""
-    from tandem_rlvr.models import eos_ids
+    from tandem_rlvr.models import eos_ids, junior_eos_ids
 
     c, mp = settings.context, settings.max_prompt_tokens
     problems = Problems.encode(tokenizer, examples, mp if c is None else min(c - 1, mp or c))
@@ -389,7 +389,8 @@ def make_job(senior, junior, tokenizer, examples: Sequence, settings: EvalSettin
         raise DataError(f"eval: nothing to evaluate for {what}: {why}")
     if engine is None:
         engine = InProcessEngine(senior, junior, eos_token_ids=eos_ids(tokenizer, senior),
-                                 pad_token_id=tokenizer.pad_token_id)
+                                 pad_token_id=tokenizer.pad_token_id,
+                                 junior_eos_token_ids=junior_eos_ids(tokenizer, senior, junior))
     return Job(senior=senior, junior=junior, tokenizer=tokenizer, engine=engine, grader=_Grader(reward_fn, scorer),
                problems=problems, settings=settings, log=ChainLog(sink, keep_chains), labels=dict(labels or {}),
                shard=shard)

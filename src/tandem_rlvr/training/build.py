@@ -92,7 +92,7 @@ def build_run(cfg: Config, *, plan: preflight.RunPlan | None = None, pair=None, 
 
 
 def _build_parts(cfg, acc, lock, resume_from, plan, pair, reward_fn, examples, text_metrics, vllm_engine) -> RunParts:
-    from tandem_rlvr.models import eos_ids, load_pair
+    from tandem_rlvr.models import eos_ids, junior_eos_ids, load_pair
 
     if cfg.mini_batch_prompts() % acc.num_processes:
         raise TandemError(f"algo.mini_batch_prompts={cfg.mini_batch_prompts()} must be divisible by the "
@@ -106,13 +106,14 @@ def _build_parts(cfg, acc, lock, resume_from, plan, pair, reward_fn, examples, t
     plan = plan if plan.fitted else preflight.fit_pair_prompts(cfg, pair, plan.examples)
     examples = plan.examples
     eos = eos_ids(pair.tokenizer, pair.senior)
+    junior_eos = list(pair.junior_eos) or junior_eos_ids(pair.tokenizer, pair.senior, pair.junior)
     prompt_example, prompts, context = plan.prompt_example, plan.prompts, plan.context
     reward_fn = reward_fn if reward_fn is not None else import_reward(cfg.data.reward)
     schedule = run_schedule(cfg, pair.tokenizer, pair.senior.get_output_embeddings().weight.shape[0])
     senior, opt, lr_sched = _senior_and_optimizer(cfg, acc, pair)
     if hasattr(pair.junior, "to"):
         pair.junior.to(acc.device)
-    engine = training_engine(cfg, pair, acc.unwrap_model(senior), schedule, eos_token_ids=eos,
+    engine = training_engine(cfg, pair, acc.unwrap_model(senior), schedule, eos_token_ids=eos, junior_eos_token_ids=junior_eos,
                              num_processes=acc.num_processes, vllm_engine=vllm_engine,
                              max_model_len=engine_len(cfg, context))
     engine.check(schedule)
