@@ -29,7 +29,7 @@ def cache(world, monkeypatch):
 def _demo(out, **kw):
     from tandem_rlvr.demo import run_demo
 
-    return run_demo(out, workers=1, **{"plan": TINY, **kw})
+    return run_demo(out, **{"workers": 1, "plan": TINY, **kw})
 
 
 def _simulate_rebuild(root: Path) -> None:
@@ -251,3 +251,31 @@ def test_the_second_demos_refusal_names_the_demos_option(cache, tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+# -- 4. --restart checks every run folder before it clears any ------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_restart_refused_by_one_run_folder_clears_no_other(cache, tmp_path, workers):
+    """A user's file in the last run folder: the refusal must come before the other runs are cleared (they were,
+    one job at a time, while the message said nothing was deleted; the old results.json then pointed at empty
+    runs). And preflight's probe file left by a process killed mid-check is the demo's own, not the user's."""
+    out = tmp_path / "d"
+    _demo(out)
+    runs = sorted(p for p in (out / "runs").iterdir())
+    assert len(runs) >= 2
+    (runs[-1] / "mine.txt").write_text("my analysis")
+    def files():  # every file of every run, with its modification time (a cleared and retrained run has new ones)
+        return {str(f): f.stat().st_mtime_ns for f in (out / "runs").rglob("*") if f.is_file()}
+
+    before = files()
+    with pytest.raises(TandemError, match="mine.txt"):
+        _demo(out, restart=True, workers=workers)
+    assert files() == before
+    (runs[-1] / "mine.txt").unlink()
+    (out / ".write-check-abcd1234").write_text("")
+    from tandem_rlvr.demo.runner import _check_own
+
+    (out / ".tandem-rlvr-demo").unlink()
+    _check_own(out)  # the probe file alone does not make the folder foreign

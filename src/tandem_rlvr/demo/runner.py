@@ -104,6 +104,7 @@ def _run(out: Path, plan: DemoPlan, junior: str, world: str, world_seed, force_w
     n = n_workers(workers, len(todo))
     results["workers"] = n
     ctx = JobContext(str(paths.senior_dir), jdir, plan, str(out.resolve()), world)
+    check_restartable(out, todo)  # every run folder before any is cleared: a refusal deletes nothing
     runner = run_parallel if n > 1 else run_sequential
     for job, (curve, metrics) in runner(ctx, todo, n):
         _store(results, job, curve, metrics)
@@ -143,6 +144,7 @@ def _write_problems(out: Path, plan: DemoPlan, world: str = DEFAULT_WORLD) -> No
 
 MARKER = ".tandem-rlvr-demo"  # in --out: the demo wrote this folder (its own files may be replaced on --restart)
 _OWN = (MARKER, runlock.LOCK_NAME)
+WRITE_CHECK = ".write-check-"  # preflight's probe file; one is left where a process was killed between its two calls
 
 
 def _check_own(out: Path) -> None:
@@ -150,10 +152,26 @@ def _check_own(out: Path) -> None:
     demo writes its report, results and runs only into a new or empty folder, or one of its own."""
     if not out.is_dir() or (out / MARKER).is_file() or _demo_results(out / "results.json") is not None:
         return
-    foreign = sorted(e.name for e in out.iterdir() if e.name not in _OWN)
+    foreign = sorted(e.name for e in out.iterdir() if e.name not in _OWN and not e.name.startswith(WRITE_CHECK))
     if foreign:
         raise TandemError(f"demo --out {str(out)!r} holds files the demo did not write ({', '.join(foreign[:3])}"
                           f"{', ...' if len(foreign) > 3 else ''}): choose a new or empty folder, or a demo's own")
+
+
+def check_restartable(out: Path, todo: list) -> None:
+    """Refuse, before any run is cleared, when a pending job's run folder holds a file no run writes. Each job
+    restarts its run folder (a killed attempt's leftovers would count as progress); checked one job at a time,
+    the earlier jobs' runs were deleted before a later folder's refusal, while the message said nothing was."""
+    from tandem_rlvr.training.rundir import _check_restart
+
+    for arm, seed in todo:
+        if arm is None:
+            continue
+        run_dir = out / "runs" / f"{arm}-seed{seed}"
+        try:
+            _check_restart(run_dir)
+        except TandemError as e:
+            raise TandemError(f"demo: run folder {str(run_dir)!r} cannot be restarted, so no run was cleared: {e}") from None
 
 
 def _demo_results(path: Path) -> dict | None:
