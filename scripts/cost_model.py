@@ -251,12 +251,14 @@ def activation_bytes_per_token(shape_hidden: int, intermediate: int, layers: int
 
 def trainer_memory(params: float, *, hidden: int, intermediate: int, layers: int, vocab: int, micro: int,
                    row_tokens: int, response_tokens: int, checkpointing: bool, junior: bool = True,
-                   vllm_bytes: float = 0.0) -> dict:
-    """Bytes one unsharded bf16 trainer holds (gpu_check's runs): weights, gradients, AdamW's two states, the bf16
-    junior, then during the update one micro-batch's activations and its logits (bf16 logits, fp32 log-softmax
-    and its gradient: 10 B each); during the rollout the engine's ``vllm_bytes`` instead (the gradients of the
-    last update are still held: ``zero_grad`` frees them at the next update)."""
-    static = params * 2 * (4 + (1 if junior else 0))
+                   vllm_bytes: float = 0.0, weight_bytes: int = 4, junior_bytes: int = 2) -> dict:
+    """Bytes one unsharded trainer holds (gpu_check's runs): the trained weights, their gradients and AdamW's two
+    states, all in the weights' dtype (``weight_bytes``: 4 for float32 master weights under bf16 compute), the frozen
+    junior (``junior_bytes``: bf16), then during the update one micro-batch's activations and its logits (bf16
+    logits, fp32 log-softmax and its gradient: 10 B each); during the rollout the engine's ``vllm_bytes`` instead
+    (the gradients of the last update are still held: ``zero_grad`` frees them at the next update). AdamW is fused
+    on CUDA: no step-time copy of its states."""
+    static = params * (4 * weight_bytes + (junior_bytes if junior else 0))
     acts = micro * row_tokens * activation_bytes_per_token(hidden, intermediate, layers, checkpointing)
     logits = micro * (response_tokens + 1) * vocab * 10
     return {"update": static + acts + logits, "rollout": static + vllm_bytes, "static": static,

@@ -2,7 +2,8 @@
 its own process, within a time budget.
 
     python scripts/gpu_check.py --model /path/to/Qwen3-0.6B     # (scripts/gpu_check.sh picks the interpreter)
-    python scripts/gpu_check.py --random-4b                      # random Qwen3-4B-shaped weights, no download
+    python scripts/gpu_check.py --random-4b                      # random Qwen3-4B-shaped weights (needs ~100 GB)
+    python scripts/gpu_check.py --random-1.7b                    # Qwen3-1.7B-shaped: fits an 80 GB GPU
     python scripts/gpu_check.py --paper-step                     # one GPU's share of a paper step, bounded
     python scripts/gpu_check.py --cpu-smoke                      # a tiny random Qwen3 on the CPU
 
@@ -52,11 +53,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", help="local directory of a Qwen3-family causal LM (self-paired)")
     p.add_argument("--cpu-smoke", action="store_true", help="build a tiny random Qwen3 and run on the CPU")
     p.add_argument("--random-4b", action="store_true",
-                   help="a randomly initialised Qwen3-4B-shaped model (no download) instead of --model")
+                   help="a randomly initialised Qwen3-4B-shaped model (no download) instead of --model; its float32 "
+                        "training state and the vLLM engine need ~100 GB (an H200; not an 80 GB GPU)")
+    p.add_argument("--random-1.7b", dest="random_1_7b", action="store_true",
+                   help="a randomly initialised Qwen3-1.7B-shaped model (no download): fits an 80 GB GPU")
+    p.add_argument("--ignore-memory-estimate", action="store_true",
+                   help="run even where the memory estimate exceeds the GPU (default: refuse before any arm starts)")
     p.add_argument("--paper-step", action="store_true",
                    help="one GPU's share of a paper step: --random-4b, 8 prompts x 8 rollouts, micro-batch 1, 2 steps, "
                         f"responses up to {PAPER_STEP_TOKENS} tokens (the configs' 3,000 with --max-new-tokens 3000, "
-                        "which does not fit a 15-minute budget), vLLM memory 0.4 (one unsharded GPU)")
+                        "which does not fit a 15-minute budget), vLLM memory 0.4 (one unsharded GPU: ~130 GB, an H200)")
     p.add_argument("--steps", type=int, default=3, help="steps per arm (default 3; the first is warm-up)")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
     p.add_argument("--group-size", type=int, default=8, help="rollouts per prompt (default 8)")
@@ -87,12 +93,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.vllm_memory = args.vllm_memory or 0.4  # 0.5 as in the configs does not fit one unsharded GPU
     args.max_new_tokens = args.max_new_tokens or 512
     args.vllm_memory = args.vllm_memory or 0.3
-    if not args.cpu_smoke and not args.model and not args.random_4b:
-        p.error("give --model DIR (or --cpu-smoke, --random-4b, --paper-step)")
+    if not args.cpu_smoke and not args.model and not random_shape(args):
+        p.error("give --model DIR (or --cpu-smoke, --random-4b, --random-1.7b, --paper-step)")
     if args.cpu_smoke:
         args.steps, args.prompts, args.group_size = min(args.steps, 2), 2, 2
         args.max_new_tokens, args.micro_batch = min(args.max_new_tokens, 24), 4
     return args
+
+
+def random_shape(args) -> str | None:
+    """The random model's shape (a key of :data:`SHAPES`) the options ask for, else None."""
+    return "4b" if args.random_4b else "1.7b" if getattr(args, "random_1_7b", False) else None
 
 
 def child_env(env: dict | None = None) -> dict:
@@ -181,16 +192,23 @@ def build_tiny_qwen3(out_dir: Path) -> Path:
     return _save(Qwen3ForCausalLM(cfg), tok, out_dir)
 
 
-def build_random_4b(out_dir: Path) -> Path:
-    """A randomly initialised model of Qwen3-4B's shape (36 layers, hidden 2560, 32/8 heads of 128, vocabulary
-    151,936) with the local tokenizer of :func:`build_tiny_qwen3` (its ids are a subset of the rows)."""
+# Qwen3's published shapes (config.json of Qwen3-4B and Qwen3-1.7B): layers, hidden, MLP, heads / KV heads of 128
+SHAPES = {"4b": dict(num_hidden_layers=36, hidden_size=2560, intermediate_size=9728, num_attention_heads=32,
+                     num_key_value_heads=8),
+          "1.7b": dict(num_hidden_layers=28, hidden_size=2048, intermediate_size=6144, num_attention_heads=16,
+                       num_key_value_heads=8)}
+
+
+def build_random(out_dir: Path, shape: str = "4b") -> Path:
+    """A randomly initialised model of a Qwen3 shape (:data:`SHAPES`; head dim 128, vocabulary 151,936, tied
+    embeddings) with the local tokenizer of :func:`build_tiny_qwen3` (its ids are a subset of the rows)."""
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     tok = AutoTokenizer.from_pretrained(str(build_tiny_qwen3(out_dir.parent / "tiny-qwen3")))
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                      rope_theta=1e6, tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rope_theta=1e6,
+                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      **SHAPES[shape])
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
@@ -219,8 +237,8 @@ def prepare(args) -> int:
         print("gpu_check: no CUDA device visible (torch.cuda.is_available() is False); install a CUDA build "
               "of torch, or use --cpu-smoke", file=sys.stderr)
         return 2
-    elif args.random_4b:
-        model = str(build_random_4b(out / "random-qwen3-4b"))
+    elif random_shape(args):
+        model = str(build_random(out / f"random-qwen3-{random_shape(args)}", random_shape(args)))
     else:
         model = str(Path(args.model).expanduser())
     write_json(out / "env.json", {**env, "model": model})
@@ -239,8 +257,9 @@ def make_config(args, arm: str, model: str, out: Path, engine: str = "hf"):
     from tandem_rlvr.config import load_config
 
     half = "bf16" if torch.cuda.is_available() and args.dtype == "float32" else ""  # float32 weights, bf16 compute
-    base = {
-        "model": {"senior": model, "self_paired": True, "dtype": args.dtype, "mixed_precision": half},
+    base = {  # the frozen junior in bf16 (as the paper configs): a float32 copy would add 4 B a parameter
+        "model": {"senior": model, "self_paired": True, "dtype": args.dtype, "mixed_precision": half,
+                  "junior_dtype": "bfloat16" if half else ""},
         "algo": {"arm": arm, "group_size": args.group_size, "loss_type": "dapo", "lr": 1e-6, "clip_eps": 0.2,
                  "mini_batch_prompts": max(1, args.prompts // 2), "micro_batch": args.micro_batch},
         "handoff": {"schedule": "word", "p": 0.5, "max_gap": 32},
@@ -359,7 +378,8 @@ def run_child(cmd: list[str], timeout_s: float) -> str:
 
 
 def memory_note(args, env: dict) -> str | None:
-    """The estimated peak of one arm (cost_model.trainer_memory) when it exceeds the GPU: a warning line."""
+    """The estimated peak of one arm (cost_model.trainer_memory: float32 weights, gradients and AdamW states, the
+    bf16 junior, then the update's activations and logits or the vLLM engine) when it exceeds the GPU: one line."""
     import cost_model
 
     if not env.get("gpu_bytes") or not (Path(env["model"]) / "config.json").exists():
@@ -368,13 +388,15 @@ def memory_note(args, env: dict) -> str | None:
     est = cost_model.trainer_memory(s["params"], hidden=s["hidden"], intermediate=s["intermediate"], layers=s["layers"],
                                     vocab=s["vocab"], micro=args.micro_batch, row_tokens=args.max_new_tokens + 200,
                                     response_tokens=args.max_new_tokens, checkpointing=args.gradient_checkpointing,
-                                    vllm_bytes=args.vllm_memory * env["gpu_bytes"])
+                                    vllm_bytes=args.vllm_memory * env["gpu_bytes"],
+                                    weight_bytes=4 if args.dtype == "float32" else 2)
     worst = max(est["update"], est["rollout"])
     if worst <= env["gpu_bytes"]:
         return None
-    return (f"gpu_check: warning: an arm is estimated to need {worst / 1e9:.0f} GB of the GPU's {env['gpu_bytes'] / 1e9:.0f} GB "
-            f"(update {est['update'] / 1e9:.0f} GB, rollout {est['rollout'] / 1e9:.0f} GB); lower --micro-batch or "
-            "--vllm-memory, or keep gradient checkpointing on")
+    return (f"gpu_check: an arm is estimated to need {worst / 1e9:.0f} GB of the GPU's {env['gpu_bytes'] / 1e9:.0f} GB "
+            f"(training state {est['static'] / 1e9:.0f} GB; update {est['update'] / 1e9:.0f} GB, rollout "
+            f"{est['rollout'] / 1e9:.0f} GB): use a smaller model (--random-1.7b, or --model), a GPU with more memory, "
+            "or lower --micro-batch or --vllm-memory (--ignore-memory-estimate runs it anyway)")
 
 
 def orchestrate(args, argv: list[str]) -> int:
@@ -382,7 +404,7 @@ def orchestrate(args, argv: list[str]) -> int:
     deadline = time.time() + args.budget_s
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.model and not args.cpu_smoke and not args.random_4b and not Path(args.model).expanduser().is_dir():
+    if args.model and not args.cpu_smoke and not random_shape(args) and not Path(args.model).expanduser().is_dir():
         print(f"gpu_check: --model {args.model!r} is not a local directory", file=sys.stderr)
         return 2
     found = vllm_found()
@@ -401,8 +423,11 @@ def orchestrate(args, argv: list[str]) -> int:
         return 2
     env = json.loads((out / "env.json").read_text(encoding="utf-8"))
     if (warn := memory_note(args, env)) is not None:
-        notes.append(warn)
-        print(warn, file=sys.stderr, flush=True)
+        if not args.ignore_memory_estimate:  # an out-of-memory arm would spend the budget and measure nothing
+            print(f"{warn}; no arm was started", file=sys.stderr, flush=True)
+            return 2
+        notes.append(f"{warn} (--ignore-memory-estimate: run anyway)")
+        print(notes[-1], file=sys.stderr, flush=True)
     specs, statuses = arm_specs(args, found), {}
     for spec in specs:
         left = deadline - time.time()

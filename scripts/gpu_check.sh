@@ -4,7 +4,8 @@
 # bandwidth, and leaves OUT/arm_<engine>_<arm>.json per arm and OUT/gpu_check.json (OUT: runs/gpu_check).
 #
 #   scripts/gpu_check.sh /path/to/Qwen3-0.6B [--steps 3 --prompts 8 --max-new-tokens 512 ...]
-#   scripts/gpu_check.sh --random-4b        # random Qwen3-4B-shaped weights, no download
+#   scripts/gpu_check.sh --random-1.7b      # random Qwen3-1.7B-shaped weights, no download (fits 80 GB)
+#   scripts/gpu_check.sh --random-4b        # random Qwen3-4B-shaped weights (~100 GB: an H200)
 #   scripts/gpu_check.sh --paper-step       # one GPU's share of a paper step (64 rollouts, 1,024-token cap)
 #   scripts/gpu_check.sh --cpu-smoke        # dry run: a tiny random Qwen3 on the CPU (~1 min)
 # vLLM arms run where vllm imports (--engines auto); without it the in-process arms run, and it says so.

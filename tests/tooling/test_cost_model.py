@@ -90,14 +90,18 @@ def test_the_prediction_is_an_interval_and_the_dual_engine_costs_more(cm):
 
 
 def test_trainer_memory_by_hand(cm):
-    # static: 4.02e9 x 2 B x (weights, gradients, 2 AdamW states, junior) = 40.2 GB; micro-batch 1 of 100 tokens,
-    # 50 of them response: activations with checkpointing 100 x (2 x 2,560 x 36 + 34 x 2,560 + 4 x 9,728);
-    # logits 51 x 151,936 x 10 B
+    # static: 4.02e9 x (4 B x (float32 weights, gradients, 2 AdamW states) + 2 B bf16 junior) = 72.36 GB (a review
+    # caught the old 2 B for everything: 40.2 GB, half the real figure); micro-batch 1 of 100 tokens, 50 of them
+    # response: activations with checkpointing 100 x (2 x 2,560 x 36 + 34 x 2,560 + 4 x 9,728); logits 51 x 151,936 x 10 B
     est = cm.trainer_memory(4.02e9, hidden=2560, intermediate=9728, layers=36, vocab=151936, micro=1, row_tokens=100,
                             response_tokens=50, checkpointing=True, vllm_bytes=5e9)
     acts = 100 * (2 * 2560 * 36 + 34 * 2560 + 4 * 9728)
-    assert est["update"] == pytest.approx(40.2e9 + acts + 51 * 151936 * 10)
-    assert est["rollout"] == pytest.approx(40.2e9 + 5e9)
+    assert est["static"] == pytest.approx(72.36e9)
+    assert est["update"] == pytest.approx(72.36e9 + acts + 51 * 151936 * 10)
+    assert est["rollout"] == pytest.approx(72.36e9 + 5e9)
+    bf16 = cm.trainer_memory(4.02e9, hidden=2560, intermediate=9728, layers=36, vocab=151936, micro=1, row_tokens=100,
+                             response_tokens=50, checkpointing=True, weight_bytes=2, junior=False)
+    assert bf16["static"] == pytest.approx(4.02e9 * 8)
     full = cm.trainer_memory(4.02e9, hidden=2560, intermediate=9728, layers=36, vocab=151936, micro=1, row_tokens=100,
                              response_tokens=50, checkpointing=False)
     assert full["activations"] == pytest.approx(100 * 36 * (34 * 2560 + 4 * 9728))
