@@ -131,3 +131,38 @@ def test_the_run_plan_counts_what_it_skips_and_the_builder_takes_it_as_given(tmp
     tr = make_trainer(cfg, plan=plan)
     tr.lock.release()
     assert tr.prompts is plan.prompts and tr.prompt_example is plan.prompt_example and tr.examples is plan.examples
+
+
+def test_a_junior_of_the_seniors_vocabulary_is_measured_on_the_seniors_prompts(tmp_path, model_dirs, tokenizer, capsys,
+                                                                               no_forward):
+    """The pair samples the senior's prompt ids (its chat template) and the junior reads them: a junior without a
+    template, whose own plain prompts are shorter, was measured on those, passed, and then read past its positions
+    (a review: an IndexError from GPT-2 after sampling, a silent overrun from a RoPE model)."""
+    import copy
+    import json
+
+    from types import SimpleNamespace
+
+    from helpers.tiny_models import make_tiny_model
+    from tandem_rlvr.data import encode_prompts
+
+    from transformers import AutoTokenizer
+
+    problems = [f"What is {i} plus 3?" for i in range(2)]
+    short = tmp_path / "short"
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    plain.save_pretrained(str(short))
+    examples = [SimpleNamespace(id=str(i), problem=p, answer="4") for i, p in enumerate(problems)]
+    own = max(len(ids) for ids in encode_prompts(AutoTokenizer.from_pretrained(str(short)), examples)[1])
+    chat = max(len(ids) for ids in encode_prompts(AutoTokenizer.from_pretrained(str(model_dirs[0])), examples)[1])
+    assert chat > own, "the fixture's chat template must make the senior's prompts longer"
+    new = 8
+    m = make_tiny_model(len(tokenizer), 2, 32)
+    m.config.max_position_embeddings = own + new  # reads its own prompts' chains, not the senior's
+    m.save_pretrained(str(short))
+    bench = tmp_path / "b.jsonl"
+    bench.write_text("".join(json.dumps({"problem": p, "answer": "4"}) + "\n" for p in problems))
+    rc, err = _cli(capsys, ["eval", "--senior", f"s={model_dirs[0]}", "--junior", str(short), "--benchmark", str(bench),
+                            "--out", str(tmp_path / "out"), "--max-new-tokens", str(new), "--no-curve"])
+    assert rc == 2 and f"chains reach {chat + new} tokens" in "\n".join(err) and not no_forward, err

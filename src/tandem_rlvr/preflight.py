@@ -64,8 +64,26 @@ def check_eval(opts, juniors: dict[str, str], benches: dict | None = None) -> di
     toks = {path: check_model(path, role, trc) for path, role in roles.items()}  # every model exists, first
     seniors = set(opts.seniors.values())  # their tokenizers encode the prompts every pair samples
     bridged = _bridged_juniors(opts, juniors, toks)
-    return {path: eval_context(opts, roles[path], path, tok, benches, senior=path in seniors, bridged=path in bridged)
+    reads = _prompts_read(opts, toks, bridged)
+    return {path: eval_context(opts, roles[path], path, tok, benches, senior=path in seniors, bridged=path in bridged,
+                               prompt_tokenizers=reads[path])
             for path, tok in toks.items() if tok is not None and benches}
+
+
+def _prompts_read(opts, toks: dict, bridged: set[str]) -> dict[str, list]:
+    """Each model's path -> the tokenizers whose rendered prompts it reads: a senior its own; a junior of a senior's
+    vocabulary that senior's (the pair samples the senior's prompt ids, in the senior's template, which may be
+    longer than the junior's own); a bridged junior its own (the bridge renders the chains for it)."""
+    stoks = {p: toks.get(p) for p in opts.seniors.values()}
+    out = {}
+    for path, tok in toks.items():
+        if tok is None or path in bridged:
+            out[path] = [tok]
+            continue
+        vocab = tok.get_vocab()
+        shared = [t for p, t in stoks.items() if t is not None and p != path and t.get_vocab() == vocab]
+        out[path] = ([tok] if path in stoks else []) + shared or [tok]
+    return out
 
 
 def _bridged_juniors(opts, juniors: dict[str, str], toks: dict) -> set[str]:
@@ -93,10 +111,12 @@ def _check_prompts_fit(opts, role: str, tok, benches: dict, fitted: dict) -> Non
                               f"set --context > {shortest}")
 
 
-def eval_context(opts, role: str, path: str, tok, benches: dict, *, senior: bool = False, bridged: bool = False) -> int:
+def eval_context(opts, role: str, path: str, tok, benches: dict, *, senior: bool = False, bridged: bool = False,
+                 prompt_tokenizers: list | None = None) -> int:
     """The context check of one evaluated model: it must read ``min(--context, longest prompt +
-    --max-new-tokens)`` positions, the farthest the evaluation's chains reach (prompts on its own
-    tokenizer, within ``--context``); else a one-line error with the values that fit. Returns that reach.
+    --max-new-tokens)`` positions, the farthest the evaluation's chains reach (the prompts it reads, rendered by
+    ``prompt_tokenizers``: default its own; a junior of a senior's vocabulary reads that senior's, within
+    ``--context``); else a one-line error with the values that fit. Returns that reach.
     A ``senior`` must also keep a prompt of every benchmark within ``--context``; a ``bridged`` junior (another
     vocabulary than every senior's) is not held to the reach: the text bridge reads it the chains truncated from
     the left."""
@@ -112,7 +132,11 @@ def eval_context(opts, role: str, path: str, tok, benches: dict, *, senior: bool
               for b, (_, ex) in benches.items()}
     if senior:
         _check_prompts_fit(opts, role, tok, benches, fitted)
-    lens = [len(ids) for prompts in fitted.values() for ids in prompts]
+    lens = []
+    for t in [t for t in prompt_tokenizers or [] if t is not None] or [tok]:  # the prompts it reads in its pairs
+        lens += [len(ids) for prompts in fitted.values() for ids in prompts] if t is tok else [
+            len(ids) for _, ex in benches.values()
+            for ids in encode_prompts(t, ex, max_prompt_tokens=opts.context - 1, what=f"eval ({role})")[1]]
     longest = max(lens, default=0)
     reach = min(opts.context, longest + opts.max_new_tokens)
     if ctx.limit is None or reach <= ctx.limit:
