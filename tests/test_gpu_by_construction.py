@@ -369,3 +369,44 @@ def test_adamw_is_fused_on_cuda_parameters_and_the_default_elsewhere(monkeypatch
     build.make_adamw([cuda, torch.nn.Parameter(torch.zeros(2))], lr=1e-6, weight_decay=0.0)
     assert [kw.get("fused") for kw in made] == [True, None, None]
     assert all(kw["lr"] == 1e-6 for kw in made)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 8. under mixed precision the in-process rollout casts each weight once, not at every token
+# ---------------------------------------------------------------------------------------------------
+
+def test_the_in_process_rollout_casts_the_weights_once_under_mixed_precision(tokenizer):
+    """float32 weights under bf16 autocast (one GPU, no FSDP): under inference_mode autocast keeps no cast, so every
+    decode step cast every weight again (a review's profile: all 29 of 29 linear weights per token; on Qwen3-4B
+    ~3x a step's weight traffic). The rollout now runs under no_grad in one (disabled) autocast region: the casts
+    are made once and held; the tokens are the same."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tandem_rlvr.engines.handoff import make_schedule
+    from tandem_rlvr.engines.inprocess import InProcessEngine
+    from tandem_rlvr.engines.base import PromptBatch
+    from tandem_rlvr.engines.types import Sampling
+
+    senior = make_tiny_model(len(tokenizer), 0, 64).eval()
+    forward = senior.forward
+
+    def autocast_forward(*a, **k):  # what accelerate's prepare installs under mixed_precision=bf16
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return forward(*a, **k)
+
+    senior.forward = autocast_forward
+    batch = PromptBatch.left_padded([tokenizer.encode(t) for t in ("What is 3 plus 4?", "hi")], tokenizer.pad_token_id)
+    n_new, casts, rows = 12, {}, {}
+    weight_shapes = {tuple(m.weight.shape) for m in senior.modules() if isinstance(m, torch.nn.Linear)}
+    for hold in (False, True):
+        engine = InProcessEngine(senior, None, eos_token_ids=[tokenizer.eos_token_id],
+                                 pad_token_id=tokenizer.pad_token_id, hold_casts=hold)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            ro = engine.generate(batch, make_schedule("none"), Sampling(n_new, 0), seed=0)
+        casts[hold] = sum(1 for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes
+                          and tuple(e.input_shapes[0]) in weight_shapes)
+        rows[hold] = ro.response_ids_BT
+    n_weights = sum(1 for m in senior.modules() if isinstance(m, torch.nn.Linear))
+    assert casts[False] >= n_weights * n_new  # every step casts every weight again
+    assert casts[True] <= n_weights  # the prefill's casts, held for the rollout
+    assert torch.equal(rows[False], rows[True])

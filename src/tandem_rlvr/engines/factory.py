@@ -14,12 +14,13 @@ __all__ = ["build_engine", "vllm_kwargs"]
 
 def build_engine(spec: EngineSpec, senior, junior, *, eos_token_ids: Sequence[int], pad_token_id: int,
                  tokenizer=None, junior_tokenizer=None, make=None,
-                 junior_eos_token_ids: Sequence[int] | None = None) -> Engine:
+                 junior_eos_token_ids: Sequence[int] | None = None, hold_casts: bool = False) -> Engine:
     """The engine ``spec`` describes, over ``senior`` and ``junior`` (loaded, on their device; the vLLM engines
     load their own copies from the spec's paths). The schedules it must serve are checked first, so a refusal
     comes before anything starts. The text bridge needs both ``tokenizer`` and ``junior_tokenizer``; ``make``
     replaces ``vllm_backend.make_llm`` (tests). ``eos_token_ids`` end a row where the senior writes them,
-    ``junior_eos_token_ids`` where the junior does (default: the senior's; the bridge reads the junior's own)."""
+    ``junior_eos_token_ids`` where the junior does (default: the senior's; the bridge reads the junior's own).
+    ``hold_casts``: the in-process engine under mixed precision (:func:`~tandem_rlvr.engines.rollout.generate`)."""
     spec.check()
     if spec.bridge:
         from tandem_rlvr.engines.bridge import BridgeEngine
@@ -31,7 +32,8 @@ def build_engine(spec: EngineSpec, senior, junior, *, eos_token_ids: Sequence[in
     from tandem_rlvr.engines.inprocess import InProcessEngine
 
     return InProcessEngine(senior, junior, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, mode=spec.mode,
-                           record_junior=spec.record_junior, junior_eos_token_ids=junior_eos_token_ids)
+                           record_junior=spec.record_junior, junior_eos_token_ids=junior_eos_token_ids,
+                           hold_casts=hold_casts)
 
 
 def vllm_kwargs(spec: EngineSpec) -> dict:

@@ -27,6 +27,7 @@ engine" and "The CPU fast path for small Qwen3s".
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -156,7 +157,6 @@ def _check_vocab(senior, junior, table_size: int | None) -> None:
         raise ValueError(f"handoff token table covers {table_size} ids but the model has {vs} rows")
 
 
-@torch.inference_mode()
 def generate(
     senior,
     junior,
@@ -172,6 +172,7 @@ def generate(
     record_junior: bool = True,
     mode: str = "lockstep",
     junior_eos_token_ids: Sequence[int] | None = None,
+    hold_casts: bool = False,
 ) -> Rollout:
     """Co-generate responses to left-padded prompts; see the module docstring.
 
@@ -179,8 +180,23 @@ def generate(
     ``junior_eos_token_ids`` the junior's (default: the senior's; a base model and an instruct model of one
     vocabulary end on different tokens). ``max_rounds`` ends a sequence once it would start turn ``max_rounds + 1``. ``record_junior``
     runs the junior even when it never writes, to record its log-probs. ``mode``: ``"lockstep"``
-    or ``"catchup"`` (same result, different forward pattern; see the module docstring).
+    or ``"catchup"`` (same result, different forward pattern; see the module docstring). ``hold_casts``: the
+    models' forwards autocast float32 weights (mixed precision); autocast then casts each weight once for the whole
+    rollout, not at every token (its cast cache lives only outside inference mode and within an autocast region,
+    here a disabled one, so the steps between forwards keep full precision). It holds a bf16 copy of the weights
+    that require grad while the rollout runs.
     """
+    device = prompt_ids_BP.device
+    grad_mode = torch.no_grad() if hold_casts else torch.inference_mode()
+    with grad_mode, (torch.autocast(device.type, enabled=False) if hold_casts else contextlib.nullcontext()):
+        return _generate(senior, junior, prompt_ids_BP, prompt_mask_BP, schedule, sampling, eos_token_ids=eos_token_ids,
+                         pad_token_id=pad_token_id, seed=seed, max_rounds=max_rounds, record_junior=record_junior,
+                         mode=mode, junior_eos_token_ids=junior_eos_token_ids)
+
+
+def _generate(senior, junior, prompt_ids_BP, prompt_mask_BP, schedule: Schedule, sampling: Sampling, *, eos_token_ids,
+              pad_token_id: int, seed: int, max_rounds: int | None, record_junior: bool, mode: str,
+              junior_eos_token_ids) -> Rollout:
     if mode not in MODES:
         raise ValueError(f"unknown rollout mode {mode!r}; choose one of {', '.join(MODES)}")
     if schedule.uses_junior and junior is None:

@@ -114,6 +114,7 @@ def _build_parts(cfg, acc, lock, resume_from, plan, pair, reward_fn, examples, t
     if hasattr(pair.junior, "to"):
         pair.junior.to(acc.device)
     engine = training_engine(cfg, pair, acc.unwrap_model(senior), schedule, eos_token_ids=eos, junior_eos_token_ids=junior_eos,
+                             hold_casts=acc.mixed_precision != "no",
                              num_processes=acc.num_processes, vllm_engine=vllm_engine,
                              max_model_len=engine_len(cfg, context))
     engine.check(schedule)

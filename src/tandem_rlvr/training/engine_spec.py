@@ -44,7 +44,7 @@ def spec_from_config(cfg: Config, schedule: str, *, bridge: bool = False, max_mo
 
 def training_engine(cfg: Config, pair, senior, schedule, *, eos_token_ids: Sequence[int], num_processes: int = 1,
                     vllm_engine=None, max_model_len: int | None = None,
-                    junior_eos_token_ids: Sequence[int] | None = None) -> Engine:
+                    junior_eos_token_ids: Sequence[int] | None = None, hold_casts: bool = False) -> Engine:
     """The engine of a training run rolling out ``schedule`` over ``senior`` (unwrapped) and ``pair``'s junior:
     :func:`spec_from_config`, built. ``vllm_engine`` replaces the vLLM engines (tests)."""
     spec = spec_from_config(cfg, schedule.name, bridge=pair.junior_tokenizer is not None, max_model_len=max_model_len,
@@ -53,4 +53,4 @@ def training_engine(cfg: Config, pair, senior, schedule, *, eos_token_ids: Seque
         return vllm_engine
     return build_engine(spec, senior, pair.junior, eos_token_ids=eos_token_ids, pad_token_id=pair.tokenizer.pad_token_id,
                         tokenizer=pair.tokenizer, junior_tokenizer=pair.junior_tokenizer,
-                        junior_eos_token_ids=junior_eos_token_ids)
+                        junior_eos_token_ids=junior_eos_token_ids, hold_casts=hold_casts)
