@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tandem_rlvr import io
+from tandem_rlvr.errors import TandemError
 
 
 def _strict_load(text: str):
@@ -73,3 +74,37 @@ def test_the_umask_is_read_without_changing_it_where_the_kernel_shows_it(monkeyp
     os.umask(mask)
     monkeypatch.setattr(os, "umask", lambda m: pytest.fail("the umask was set to read it"))
     assert io._read_umask() == mask
+
+
+def test_read_jsonl_drops_only_a_torn_last_line(tmp_path):
+    """A kill mid-append tears the last line only (with or without its newline): it alone is dropped. A line
+    that is not a JSON object with rows after it is damage, not a kill: one line naming the file and the line,
+    never the rows before it as if the file ended there. A row holding a Unicode line separator is one row."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n{"step": 4}\n', encoding="utf-8")
+    with pytest.raises(TandemError, match=r"line 2 is not a JSON object, and 2 more") as e:
+        io.read_jsonl(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    for torn in ('{"step": 3, "loss', '{"step": 3, "loss\n', "[3]\n", '{"step": 3}\n\n'):
+        path.write_text('{"step": 1}\n{"step": 2}\n' + torn, encoding="utf-8")
+        assert [r["step"] for r in io.read_jsonl(path)] == [1, 2] + ([3] if torn == '{"step": 3}\n\n' else [])
+    path.write_text('{"step": 1}\n[2]\n{"step": 3}\n', encoding="utf-8")
+    with pytest.raises(TandemError, match="line 2"):
+        io.read_jsonl(path)
+    row = json.dumps({"step": 1, "text": "a\u2028b"}, ensure_ascii=False)  # str.splitlines() splits it in two
+    path.write_text(row + '\n{"step": 2}\n', encoding="utf-8")
+    assert [r["step"] for r in io.read_jsonl(path)] == [1, 2]
+    assert io.read_jsonl(tmp_path / "none.jsonl") == []
+
+
+def test_read_jsonl_names_a_file_with_bytes_that_are_not_utf8(tmp_path):
+    """A byte that is not UTF-8 (no run writes one) is one line naming the file and the line, not a
+    UnicodeDecodeError traceback; a folder in the file's place is one line too."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1}\n{"step": 2}\n\xff\xfe garbage\n')
+    with pytest.raises(TandemError, match=r"line 3 holds a byte that is not UTF-8") as e:
+        io.read_jsonl(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(TandemError, match="cannot be read"):
+        io.read_jsonl(tmp_path / "dir.jsonl")

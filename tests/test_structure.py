@@ -119,7 +119,7 @@ def test_no_oversized_module_or_function():
 
 
 # Folders import one way: basics <- (preflight,) engines, rewards <- training, evaluation <- demo, cli.
-BASICS = ("config", "names", "errors", "io", "integrity", "data", "models", "trackers")
+BASICS = ("config", "names", "errors", "io", "integrity", "data", "models", "trackers", "runlock")
 FORBIDDEN = {
     "engines": ("training", "evaluation", "demo", "cli", "world"),
     "rewards": ("engines", "training", "evaluation", "demo", "cli", "world"),

@@ -15,7 +15,7 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from tandem_rlvr.errors import DiskFull
+from tandem_rlvr.errors import DiskFull, TandemError
 
 
 @contextlib.contextmanager
@@ -158,18 +158,43 @@ def append_jsonl(path: str | Path, row: dict) -> None:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a JSONL log written by :func:`append_jsonl` (``[]`` if there is none); a torn last line (from a
-    crash) and anything after it are dropped."""
-    rows = []
+    """Rows of a JSONL log written by :func:`append_jsonl` (``[]`` if there is none). Only a torn last line (a
+    kill mid-append) is dropped; a line that is not a JSON object with more lines after it, bytes that are not
+    UTF-8, or a file that cannot be read raise :class:`~tandem_rlvr.errors.TandemError` naming the file (and the
+    line): a damaged log is never read, and so never rewritten, as a shorter one."""
     p = Path(path)
-    if not p.exists():
-        return rows
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise TandemError(f"{str(p)!r} cannot be read ({e.strerror or e}); nothing was changed") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        n = data.count(b"\n", 0, e.start) + 1
+        raise TandemError(f"{str(p)!r} is damaged: line {n} holds a byte that is not UTF-8; repair or delete "
+                          "that line (nothing was changed)") from None
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]  # "\n" alone ends a row
+    rows = []
+    for i, (n, line) in enumerate(lines):
+        row = _json_row(line)
+        if row is None and i < len(lines) - 1:
+            raise TandemError(f"{str(p)!r} is damaged: line {n} is not a JSON object, and {len(lines) - 1 - i} more "
+                              "line(s) follow it (a kill only ever tears the last line); repair or delete that line "
+                              "(nothing was changed)")
+        if row is not None:
+            rows.append(row)
     return rows
+
+
+def _json_row(line: str) -> dict | None:
+    """``line`` as a JSON object, or None where it is none (torn, or not JSON)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def fsync_dir(path: str | Path) -> None:

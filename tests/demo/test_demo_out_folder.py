@@ -151,7 +151,7 @@ def _hold_lock_elsewhere(run: Path):
     import subprocess
     import sys
 
-    code = ("import sys, time; from tandem_rlvr.training import runlock; held = runlock.acquire(sys.argv[1]); "
+    code = ("import sys, time; from tandem_rlvr import runlock; held = runlock.acquire(sys.argv[1]); "
             "print('held', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
@@ -163,7 +163,7 @@ def test_a_second_demo_does_not_clear_a_run_another_process_is_training(cache, t
     import concurrent.futures
 
     from tandem_rlvr.demo import jobs
-    from tandem_rlvr.training.runlock import RunLocked
+    from tandem_rlvr.runlock import RunLocked
 
     out = tmp_path / "d"
     run = out / "runs" / "grpo-seed0"
@@ -188,7 +188,7 @@ def test_a_second_demo_does_not_clear_a_run_another_process_is_training(cache, t
 
 def test_a_second_demo_into_the_same_out_is_refused(cache, tmp_path):
     """Two demos into one --out rewrote each other's results.json: the whole demo holds the folder's lock."""
-    from tandem_rlvr.training.runlock import RunLocked
+    from tandem_rlvr.runlock import RunLocked
 
     out = tmp_path / "d"
     out.mkdir()
@@ -240,7 +240,7 @@ def test_rebuild_world_over_a_demo_is_refused_before_the_rebuild(cache, tmp_path
 
 
 def test_the_second_demos_refusal_names_the_demos_option(cache, tmp_path):
-    from tandem_rlvr.training.runlock import RunLocked
+    from tandem_rlvr.runlock import RunLocked
 
     out = tmp_path / "d"
     out.mkdir()

@@ -110,3 +110,96 @@ def test_a_run_killed_between_best_and_its_first_checkpoint_reruns_and_rewrites_
     assert main(["train", str(cfg)]) == 0
     assert published.count("best") >= 1 and (run / "final").is_dir()
     assert [r["step"] for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines())] == [1, 2, 3]
+
+
+def _best_json(run: Path) -> dict | None:
+    path = run / "best" / "best.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_a_best_past_the_resumed_step_is_removed_whole(tmp_path):
+    """cut_best_back: a best/ of a later step than the resume's is removed (through .trash-best, never left
+    half-deleted as best/ or .best.old, which the next start would put back); one of the step or before, or a
+    best/ without a readable best.json, is kept; a .trash-best a kill left is removed. Where the checkpoint's
+    record of the best is of the resumed step itself, the best.json to write again with its weights comes back."""
+    from tandem_rlvr.training import checkpoint as ck
+
+    run = tmp_path / "run"
+
+    def later_best():
+        (run / "best").mkdir(parents=True, exist_ok=True)
+        (run / "best" / "model.safetensors").write_text("w")
+        (run / "best" / "best.json").write_text(json.dumps({"metric": "val/pass@1", "value": 0.5, "step": 3}))
+
+    later_best()
+    (run / "best" / "best.json").unlink()
+    assert ck.cut_best_back(run, 2) is None and (run / "best" / "model.safetensors").exists()  # no best.json
+    later_best()
+    (run / ".trash-best").mkdir()
+    assert ck.cut_best_back(run, 3) is None and _best_json(run)["step"] == 3
+    assert not (run / ".trash-best").exists()
+    assert ck.cut_best_back(run, 2) is None and sorted(p.name for p in run.iterdir()) == []
+    ck.recover_publishes(run)
+    assert not (run / "best").exists()
+    later_best()
+    assert ck.cut_best_back(run, 2, {"val": 0.25, "step": 1, "metric": "val/pass@1"}) is None  # no copy of step 1
+    assert not (run / "best").exists()
+    later_best()
+    record = {"val": 0.25, "step": 2, "metric": "val/pass@1"}
+    assert ck.cut_best_back(run, 2, record) == {"metric": "val/pass@1", "value": 0.25, "step": 2}
+    assert not (run / "best").exists()
+
+
+def _killed_after_best_at(monkeypatch, step: int):
+    """publish_dir that raises (a kill) right after best/ of ``step`` is published."""
+    from tandem_rlvr.training import checkpoint as ck
+
+    class Killed(Exception):
+        pass
+
+    real_publish = ck.publish_dir
+
+    def publish(tmp, final):
+        record = json.loads((Path(tmp) / "best.json").read_text()) if Path(final).name == "best" else {}
+        real_publish(tmp, final)
+        if record.get("step") == step:
+            raise Killed(f"planted kill after best/ of step {step}")
+
+    monkeypatch.setattr(ck, "publish_dir", publish)
+    return Killed
+
+
+def _val_config(tmp_path, model_dirs, every: int, **train) -> Path:
+    cfg = write_config(tmp_path, model_dirs, data={"reward": "helpers.rewards_for_tests:length_reward"}, **train)
+    c = yaml.safe_load(cfg.read_text())
+    c["val"] = {"data": c["data"]["train"], "every": every, "n": 2, "limit": 2, "select": "pass@2"}
+    cfg.write_text(yaml.safe_dump(c))
+    return cfg
+
+
+@pytest.mark.parametrize("every,best_after", [(3, None), (1, 2)])
+def test_a_best_written_after_the_last_checkpoint_does_not_survive_a_shorter_resume(tmp_path, model_dirs, monkeypatch,
+                                                                                   every, best_after):
+    """A kill right after validation published best/ at step 3 (the checkpoint is step 2), then the same run
+    resumed with train.steps=2 (a resumable change): best/ is what an uninterrupted 2-step run leaves. Validation
+    at step 3 only: no best/ (it stayed, from a step the run never reached). Validation every step, each better
+    than the last: best/ of step 2, with the weights of the uninterrupted run's best/."""
+    from safetensors.torch import load_file
+
+    from tandem_rlvr.cli import main
+    from tandem_rlvr.evaluation import validation
+
+    monkeypatch.setattr(validation, "validate", lambda *a, step, **k: {"val/pass@2": step / 10})  # each step better
+    run, ref = tmp_path / "run", tmp_path / "ref"
+    with monkeypatch.context() as m:
+        killed = _killed_after_best_at(m, 3)
+        with pytest.raises(killed):
+            main(["train", str(_val_config(tmp_path, model_dirs, every, steps=4, save_every=2))])
+    assert _best_json(run)["step"] == 3
+    assert main(["train", str(_val_config(tmp_path, model_dirs, every, steps=2, save_every=2))]) == 0
+    assert (run / "final").is_dir() and not (run / ".trash-best").exists()
+    assert main(["train", str(_val_config(tmp_path, model_dirs, every, steps=2, save_every=2, out_dir=str(ref)))]) == 0
+    assert _best_json(run) == _best_json(ref) and (_best_json(ref) or {}).get("step") == best_after
+    if best_after is not None:
+        got, want = (load_file(str(r / "best" / "model.safetensors")) for r in (run, ref))
+        assert got.keys() == want.keys() and all(bool((got[k] == want[k]).all()) for k in want)

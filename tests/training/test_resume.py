@@ -123,3 +123,30 @@ def test_a_kill_while_pruning_leaves_no_checkpoint_behind_for_ever(tmp_path, mon
     monkeypatch.setattr(ck.shutil, "rmtree", real)
     ck.prune(root, keep_last=2)
     assert sorted(d.name for d in root.iterdir()) == ["step-2", "step-3"]
+
+
+@pytest.mark.parametrize("damage", ["cut row 2", "not utf-8", "samples"])
+def test_a_damaged_log_row_stops_the_resume_in_one_line_and_every_row_stays(tmp_path, model_dirs, capsys, damage):
+    """A finished run whose metrics.jsonl row 2 was cut short (rows 3 and 4 intact), holds a byte that is not
+    UTF-8, or whose samples.jsonl has a damaged row: the same command resumes at its checkpoint and must not
+    drop the intact rows after the damage (it wrote 1 row back of 4, silently) nor crash with a traceback: exit
+    2, one line naming the file and the line, the files as they were."""
+    from tandem_rlvr.cli import main
+
+    cfg = write_config(tmp_path, model_dirs, steps=4, save_every=2, log_samples=1, log_every=1)
+    assert main(["train", str(cfg)]) == 0
+    run = tmp_path / "run"
+    name = "samples.jsonl" if damage == "samples" else "metrics.jsonl"
+    lines = (run / name).read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 4
+    lines[1] = lines[1][:40] + b"\n" if damage != "not utf-8" else lines[1][:-1] + b"\xff\n"
+    (run / name).write_bytes(b"".join(lines))
+    def files():  # run.lock is rewritten with the holder's start time
+        return {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != "run.lock"}
+
+    before = files()
+    capsys.readouterr()
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert str(run / name) in err and "line 2" in err and "Traceback" not in err
+    assert files() == before

@@ -22,7 +22,8 @@ import pytest
 from helpers.run_files import write_config
 from tandem_rlvr.config import load_config
 from tandem_rlvr.errors import TandemError
-from tandem_rlvr.training import rundir, runlock
+from tandem_rlvr import runlock
+from tandem_rlvr.training import rundir
 
 # everything a run writes in its directory (see the docstring of tandem_rlvr.training.rundir)
 RUN_TREE = ["config.yaml", "metrics.jsonl", "preempted.json", "watchdog-rank0.txt", "watchdog-rank1.txt",
@@ -237,6 +238,53 @@ def test_a_damaged_run_config_is_one_line_naming_it(tmp_path, text, why):
     assert before is None or _tree(run) == before
 
 
+def test_a_damaged_metrics_row_stops_the_resume_and_no_later_row_is_dropped(tmp_path):
+    """A metrics row damaged in the middle (rows after it intact) stops a resume in one line naming the file and
+    the line, with nothing changed: the rows after it were read as absent, and the resume wrote the short list
+    back. A torn last row (a kill mid-append) is still cut off silently."""
+    run = tmp_path / "run"
+    cfg = _cfg(run)
+    assert rundir.prepare(run, cfg, restart=False) is None
+    metrics = run / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2, "train/lo\n{"step": 3}\n{"step": 4}\n')
+    before = _tree(run)
+    for call in (lambda: rundir.prepare(run, cfg, restart=False), lambda: rundir.truncate_metrics(run, 4)):
+        with pytest.raises(TandemError, match="line 2 is not a JSON object") as e:
+            call()
+        assert str(metrics) in str(e.value) and "\n" not in str(e.value)
+        assert _tree(run) == before
+    metrics.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "train/lo')
+    rundir.truncate_metrics(run, 3)
+    assert metrics.read_text() == '{"step": 1}\n{"step": 2}\n{"step": 3}\n'
+
+
+def test_a_probe_file_of_a_preflight_killed_mid_check_blocks_no_rerun_and_no_restart(tmp_path, monkeypatch):
+    """A kill between preflight's mkstemp and unlink leaves `.write-check-XXXX`: the project's own file, so
+    the rerun starts and --restart deletes it (both refused it as foreign); a folder of that name is still foreign."""
+    from tandem_rlvr import preflight
+
+    run = tmp_path / "run"
+
+    def killed(path, *a, **k):
+        raise KeyboardInterrupt  # the kill, before the probe file is removed
+
+    with monkeypatch.context() as m:
+        m.setattr(preflight.os, "unlink", killed)
+        with pytest.raises(KeyboardInterrupt):
+            preflight.check_writable(run, "train.out_dir")
+    assert [p.name.startswith(".write-check-") for p in run.iterdir()] == [True]
+    assert rundir.first_foreign(run) is None
+    lock, resume_from = rundir.open_run(run, _cfg(run), restart=False)
+    lock.release()
+    assert resume_from is None and (run / "config.yaml").is_file()
+    _make(run, ["metrics.jsonl", "checkpoints/.tmp-step-2/x"])  # then killed before its first checkpoint
+    lock, _ = rundir.open_run(run, _cfg(run), restart=True)
+    lock.release()
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "run.lock"]
+    (run / ".write-check-abcd1234").mkdir()
+    assert rundir.first_foreign(run) == run / ".write-check-abcd1234"
+
+
 def test_aim_folder_is_a_runs_own_when_its_config_names_the_tracker(tmp_path):
     run = tmp_path / "run"
     _make(run, [".aim/meta/x", "metrics.jsonl"])
@@ -293,7 +341,7 @@ def test_cli_restart_with_a_users_file_exits_2_in_one_line_and_keeps_everything(
 
 _HOLD = """
 import sys, time
-from tandem_rlvr.training import runlock
+from tandem_rlvr import runlock
 lock = runlock.acquire(sys.argv[1])
 print("locked", flush=True)
 time.sleep(600)
@@ -406,7 +454,7 @@ def test_the_lock_is_held_for_the_whole_run_and_released_after_it(tmp_path, mode
     real_step = trainer_mod.Trainer.train_step
 
     def step_and_probe(self, step):
-        probe = subprocess.run([sys.executable, "-c", "import sys; from tandem_rlvr.training import runlock; "
+        probe = subprocess.run([sys.executable, "-c", "import sys; from tandem_rlvr import runlock; "
                                 "runlock.acquire(sys.argv[1])", str(run)], capture_output=True, text=True,
                                env=dict(os.environ, PYTHONPATH=str(Path(runlock.__file__).parents[2])))
         seen.append(f"pid {os.getpid()}" in probe.stderr and probe.returncode != 0)

@@ -141,7 +141,7 @@ def run_parallel(ctx: JobContext, todo: list, n: int):
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     from tandem_rlvr.logs import progress
-    from tandem_rlvr.training import runlock
+    from tandem_rlvr import runlock
     from tandem_rlvr.training.rundir import clear_run
 
     plan, out = ctx.plan, Path(ctx.out)

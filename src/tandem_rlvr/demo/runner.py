@@ -23,7 +23,7 @@ from tandem_rlvr.demo.jobs import JobContext, n_workers, run_parallel, run_seque
 from tandem_rlvr.demo.plan import DemoPlan, plans, run_names, train_config, with_changes
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_json
-from tandem_rlvr.training import runlock
+from tandem_rlvr import runlock
 from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
 
 __all__ = ["run_demo"]
@@ -162,14 +162,14 @@ def check_restartable(out: Path, todo: list) -> None:
     """Refuse, before any run is cleared, when a pending job's run folder holds a file no run writes. Each job
     restarts its run folder (a killed attempt's leftovers would count as progress); checked one job at a time,
     the earlier jobs' runs were deleted before a later folder's refusal, while the message said nothing was."""
-    from tandem_rlvr.training.rundir import _check_restart
+    from tandem_rlvr.training.rundir import check_restart
 
     for arm, seed in todo:
         if arm is None:
             continue
         run_dir = out / "runs" / f"{arm}-seed{seed}"
         try:
-            _check_restart(run_dir)
+            check_restart(run_dir)
         except TandemError as e:
             raise TandemError(f"demo: run folder {str(run_dir)!r} cannot be restarted, so no run was cleared: {e}") from None
 

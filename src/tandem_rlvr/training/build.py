@@ -43,7 +43,7 @@ class RunParts:
     reads; ``prompts`` are the prompts that fit the context, ``prompt_example[i]`` the example of
     prompt ``i``; ``reward_fn`` an in-process ``reward(completion, gold)`` or None (the config's verifier
     in worker processes); ``resume_from`` the checkpoint to resume from (None: a fresh run); ``lock`` the run
-    directory's lock (:mod:`tandem_rlvr.training.runlock`; the main process holds it, None elsewhere)."""
+    directory's lock (:mod:`tandem_rlvr.runlock`; the main process holds it, None elsewhere)."""
 
     acc: object
     pair: object

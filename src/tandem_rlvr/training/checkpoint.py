@@ -323,6 +323,46 @@ def recover_publishes(run_dir: str | Path) -> None:
         recover_publish(run_dir / name)
 
 
+def cut_best_back(run_dir: str | Path, step: int, best: dict | None = None) -> dict | None:
+    """``best/`` as an uninterrupted run has it at ``step`` (the step a run resumes from, 0 for a fresh start), as
+    :func:`~tandem_rlvr.training.rundir.truncate_metrics` cuts the metrics back: one whose ``best.json`` names a
+    later step (a killed attempt validated and published it after its last checkpoint) is removed
+    (:func:`_remove_best_past`). ``best``: the checkpoint's record of the best so far (``val``, ``step``,
+    ``metric``). Returns the ``best.json`` to write again with the weights of ``step`` where that record is of
+    ``step`` itself and ``best/`` is gone; else None."""
+    run_dir, best = Path(run_dir), best or {}
+    removed = _remove_best_past(run_dir, step)
+    again = best.get("step") == step and not (run_dir / "best").is_dir()
+    if removed is not None:
+        if again:
+            then = f"step {step} is the best so far: its weights are best/ again"
+        elif best.get("step") is None:
+            then = "best/ is written again when the run validates"
+        else:  # the best/ of that step was replaced by the removed one: no copy of it is left
+            then = f"best/ is written again when a validation beats the best so far (step {best['step']}, no copy left)"
+        log.warning("removed best/ of step %s, past the step %d the run resumes from (an attempt killed after its "
+                    "last checkpoint wrote it); %s", removed.get("step"), step, then)
+    return {"metric": best.get("metric"), "value": best.get("val"), "step": step} if again else None
+
+
+def _remove_best_past(run_dir: Path, step: int) -> dict | None:
+    """Remove ``best/`` when its ``best.json`` names a step past ``step``; returns that ``best.json``. It is renamed
+    to ``.trash-best`` before it is deleted, so a kill in the middle never leaves a half-deleted ``best/`` (nor a
+    ``.best.old`` that :func:`recover_publish` would put back); a leftover ``.trash-best`` goes too."""
+    best, trash = run_dir / "best", run_dir / ".trash-best"
+    shutil.rmtree(trash, ignore_errors=True)
+    try:
+        record = json.loads((best / "best.json").read_text(encoding="utf-8"))
+        past = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+    except (OSError, ValueError):  # no best/ (or not one a run wrote whole): nothing of a later step to remove
+        return None
+    if not past:
+        return None
+    replace_durably(best, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+    return record
+
+
 def newest_intact_checkpoint(run_dir: str | Path, trust_unverified: bool = False) -> Path | None:
     """The newest complete checkpoint whose files verify; damaged newer ones are moved aside (logged). One
     without ``checksums.json`` raises :class:`~tandem_rlvr.integrity.Unverified` (``trust_unverified``: taken

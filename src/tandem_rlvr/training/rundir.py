@@ -5,7 +5,8 @@ else (:func:`first_foreign`): ``config.yaml`` (one a run wrote: :func:`_ours`), 
 ``preempted.json``, ``watchdog-rank{R}.txt``,
 ``run.lock`` (kept: it may be held), ``trackers.json`` and ``samples.jsonl`` (:mod:`tandem_rlvr.trackers`), ``checkpoints/`` (whose entries must be ``step-N``, ``.tmp-step-N``,
 ``.trash-step-N``, ``.step-N.old`` or ``damaged-step-N[.k]``), ``best/`` and ``final/`` (with their ``.tmp-``
-and ``.old`` siblings), the temporary files of atomic writes, TensorBoard's folder (named by the run's ``train.project``,
+and ``.old`` siblings, and ``.trash-best``), the temporary files of atomic writes, the ``.write-check-*`` probe file
+of a preflight killed mid-check, TensorBoard's folder (named by the run's ``train.project``,
 ``tandem-rlvr/`` by default; event files and ``hparams.yml`` only) and, for a run whose ``config.yaml`` names the ``aim`` tracker, ``.aim/``. Anything else (or a
 symbolic link) is a foreign file: the restart is refused naming it and nothing is deleted. The directory
 itself is never removed, and ``/``, the home directory, the current directory and their ancestors are
@@ -27,12 +28,13 @@ from tandem_rlvr.config import Config, save_config
 from tandem_rlvr.config_bounds import run_dir_problem
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_text, read_jsonl
-from tandem_rlvr.training import runlock
+from tandem_rlvr import runlock
 
 # what a run writes directly in its directory (regular files, then folders); see the module docstring
 RUN_FILES = re.compile(r"^(config\.yaml|metrics\.jsonl|preempted\.json|watchdog-rank\d+\.txt|trackers\.json|samples\.jsonl"
                        r"|\.(config\.yaml|metrics\.jsonl|preempted\.json|trackers\.json|samples\.jsonl)\..+\.tmp)$")
-RUN_DIRS = re.compile(r"^(checkpoints|best|final|\.tmp-(best|final)|\.(best|final)\.old)$")
+PROBE_FILE = re.compile(r"^\.write-check-[a-z0-9_]+$")  # preflight.check_writable's probe, left by a kill mid-check
+RUN_DIRS = re.compile(r"^(checkpoints|best|final|\.tmp-(best|final)|\.(best|final)\.old|\.trash-best)$")
 CKPT_ENTRIES = re.compile(r"^(step-\d+|\.tmp-step-\d+|\.trash-step-\d+|\.step-\d+\.old|damaged-step-\d+(\.\d+)?)$")
 TENSORBOARD_DIR, TENSORBOARD_FILE = "tandem-rlvr", re.compile(r"^(events\.out\.tfevents\..+|hparams\.yml)$")
 
@@ -65,7 +67,9 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
     else). A directory with progress (a checkpoint, metrics or ``best/``) is resumed only if its ``config.yaml``
     matches ``cfg`` up to :data:`RESUMABLE_CHANGES` and ``train.steps`` is not below its newest checkpoint's step;
     one that has no intact checkpoint left but went further than its metrics is refused
-    (:func:`_check_nothing_lost`). The caller holds the directory's lock (:func:`open_run`).
+    (:func:`_check_nothing_lost`), and so is a damaged ``metrics.jsonl`` or ``samples.jsonl`` (a row that is not
+    JSON with rows after it: :func:`~tandem_rlvr.io.read_jsonl`). The caller holds the directory's lock
+    (:func:`open_run`).
     """
     if restart:
         clear_run(run_dir)
@@ -86,6 +90,8 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
             )
     if resume_from is not None:
         _check_steps(resume_from, cfg)
+        for log_name in ("metrics.jsonl", "samples.jsonl"):  # damaged, not just torn: stop before any process resumes
+            read_jsonl(run_dir / log_name)
     if resume_from is None and not restart:
         _check_nothing_lost(run_dir)
         _check_fresh(run_dir)
@@ -168,7 +174,7 @@ def _check_fresh(run_dir: Path) -> None:
     wrote (every section of the config); anything else there is one line naming it, and nothing is changed."""
     if not run_dir.is_dir():
         return
-    entries = sorted(e for e in run_dir.iterdir() if e.name != runlock.LOCK_NAME)
+    entries = sorted(e for e in run_dir.iterdir() if not _no_run_yet(e))
     if not entries:
         return
     culprit = first_foreign(run_dir)
@@ -178,6 +184,12 @@ def _check_fresh(run_dir: Path) -> None:
         raise TandemError(f"train.out_dir {str(run_dir)!r} holds {culprit.name!r}, which is not a tandem-rlvr run's "
                           "file; a new run would overwrite or delete what is there: choose an empty or new train.out_dir "
                           "(nothing was changed)")
+
+
+def _no_run_yet(entry: Path) -> bool:
+    """``entry`` is there before (or without) a run: its lock file, or a probe file of preflight's write check."""
+    return entry.name == runlock.LOCK_NAME or (bool(PROBE_FILE.match(entry.name)) and entry.is_file()
+                                               and not entry.is_symlink())
 
 
 def _ours(path: Path) -> bool:
@@ -190,12 +202,12 @@ def _ours(path: Path) -> bool:
 
 
 def open_run(run_dir: Path, cfg: Config, restart: bool) -> tuple[runlock.RunLock, Path | None]:
-    """Lock ``run_dir`` for this run (:mod:`tandem_rlvr.training.runlock`), then :func:`prepare` it; returns
+    """Lock ``run_dir`` for this run (:mod:`tandem_rlvr.runlock`), then :func:`prepare` it; returns
     the held lock and the checkpoint to resume from. A restart that would be refused is refused before
     the lock file is created; on any error the lock is released, and its file deleted if this call created it
-    (:meth:`~tandem_rlvr.training.runlock.RunLock.discard`: a refused run leaves the folder as it was)."""
+    (:meth:`~tandem_rlvr.runlock.RunLock.discard`: a refused run leaves the folder as it was)."""
     if restart:
-        _check_restart(run_dir)
+        check_restart(run_dir)
     lock = runlock.acquire(run_dir)
     try:
         return lock, prepare(run_dir, cfg, restart)
@@ -204,7 +216,7 @@ def open_run(run_dir: Path, cfg: Config, restart: bool) -> tuple[runlock.RunLock
         raise
 
 
-def _check_restart(run_dir: Path) -> None:
+def check_restart(run_dir: Path) -> None:
     """Refuse a restart of ``/``, the home or current directory (or an ancestor of either), or of a
     directory holding anything a run does not write (:func:`first_foreign`) or a ``config.yaml`` no run wrote
     (:func:`_ours`: a user's own config kept there, as a fresh start refuses it)."""
@@ -232,7 +244,7 @@ def first_foreign(run_dir: Path) -> Path | None:
     for e in sorted(run_dir.iterdir()):
         if e.is_symlink():
             return e
-        if e.is_file() and (RUN_FILES.match(e.name) or e.name == runlock.LOCK_NAME):
+        if e.is_file() and (RUN_FILES.match(e.name) or PROBE_FILE.match(e.name) or e.name == runlock.LOCK_NAME):
             continue
         if e.is_dir() and e.name == "checkpoints":
             bad = next((c for c in sorted(e.iterdir()) if c.is_symlink() or not CKPT_ENTRIES.match(c.name)), None)
@@ -258,9 +270,9 @@ def _old_train(run_dir: Path) -> dict:
 
 
 def clear_run(run_dir: Path) -> None:
-    """Delete what a run wrote in ``run_dir`` after :func:`_check_restart` (a foreign file refuses it and
+    """Delete what a run wrote in ``run_dir`` after :func:`check_restart` (a foreign file refuses it and
     nothing is deleted); the directory and its ``run.lock`` stay."""
-    _check_restart(run_dir)
+    check_restart(run_dir)
     if not run_dir.exists():
         return
     for e in sorted(run_dir.iterdir()):

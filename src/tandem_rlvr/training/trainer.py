@@ -64,9 +64,10 @@ class Trainer:
     # -- run directory and resume -------------------------------------------------------------
     def _resume(self) -> None:
         if self.resume_from is None:
-            if self.acc.is_main_process:
+            if self.acc.is_main_process:  # an unfinished attempt's files: the rerun writes them anew
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
                 (self.run_dir / trackers.SAMPLES_FILE).unlink(missing_ok=True)
+                ckpt_mod.cut_best_back(self.run_dir, 0)
             return
         state = ckpt_mod.load_checkpoint(self.resume_from, model=self.acc.unwrap_model(self.senior),
                                          optimizer=self.opt, scheduler=self.sched,
@@ -80,6 +81,11 @@ class Trainer:
             rundir.truncate_metrics(self.run_dir, self.step)
             rundir.truncate_metrics(self.run_dir, self.step, trackers.SAMPLES_FILE)
             ckpt_mod.prune(self.run_dir / "checkpoints", self.cfg.train.keep_last)
+        best = {"metric": f"val/{self.cfg.val.select}", **self.best}  # best/ as an uninterrupted run has it here
+        again = self.acc.is_main_process and ckpt_mod.cut_best_back(self.run_dir, self.step, best)
+        again = dist.gather_objects(self.acc, again)[0]  # the main process's verdict: saving best/ is collective
+        if again:
+            self._save_model(self.run_dir / "best", {"best.json": again})
         log.info("resumed from %s at step %d", self.resume_from, self.step)
 
     # -- one step -------------------------------------------------------------------------------
@@ -484,7 +490,7 @@ def make_trainer(cfg: Config, **kw) -> Trainer:
 
 def train(cfg: Config, *, restart: bool = False, **kw) -> Path:
     """Train one run from a config; resumes from the newest checkpoint of ``train.out_dir``. The run directory
-    stays locked until the run ends (:mod:`tandem_rlvr.training.runlock`)."""
+    stays locked until the run ends (:mod:`tandem_rlvr.runlock`)."""
     trainer = make_trainer(cfg, restart=restart, **kw)
     try:
         return trainer.train()
