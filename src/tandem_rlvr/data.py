@@ -178,8 +178,10 @@ def _skip_reason(problem: str | None, answer: str | None, max_chars: int | None)
     return ""
 
 
-def _finish(name: str, examples: list[Example], skipped: Counter, limit: int | None) -> list[Example]:
-    """Log the kept/skipped summary, reject an empty result, apply ``limit``."""
+def _finish(name: str, examples: list[Example], skipped: Counter, limit: int | None, counts: Counter | None = None):
+    """Log the kept/skipped summary (and add it to ``counts``), reject an empty result, apply ``limit``."""
+    if counts is not None:
+        counts.update(skipped)
     if skipped:
         why = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
         logger.warning("data: %s: kept %d rows, skipped %d (%s)", name, len(examples), sum(skipped.values()), why)
@@ -266,16 +268,16 @@ def _json_records(path: Path, data: Any, split: str | None) -> list[dict[str, An
     return data
 
 
-def _load_file(path: Path, split: str | None, cols: _Cols, limit: int | None) -> list[Example]:
+def _load_file(path: Path, split: str | None, cols: _Cols, limit: int | None, counts: Counter | None) -> list[Example]:
     if not path.is_file():
         raise DataError(f"data: {path}: no such file")
     if path.suffix.lower() not in FILE_SUFFIXES:
         raise DataError(f"data: {path}: unsupported file type; use one of {', '.join(FILE_SUFFIXES)}")
-    return _rows_examples(str(path), path.name, _read_rows(path, split), None, cols, limit)
+    return _rows_examples(str(path), path.name, _read_rows(path, split), None, cols, limit, counts)
 
 
 def _rows_examples(where: str, name: str, rows: list[dict[str, Any]], columns: list[str] | None, cols: _Cols,
-                   limit: int | None) -> list[Example]:
+                   limit: int | None, counts: Counter | None = None) -> list[Example]:
     """The examples of a file's or a dataset split's rows (``columns``: the dataset's, None: the rows' keys)."""
     if not rows:
         raise DataError(f"data: {where}: no usable row (the {'file' if columns is None else 'split'} has no rows)")
@@ -283,7 +285,7 @@ def _rows_examples(where: str, name: str, rows: list[dict[str, Any]], columns: l
                    cols.prompt or cols.problem, cols.answer)
     skipped: Counter = Counter()
     examples = _to_examples(enumerate(rows), cols, "", skipped)
-    return _finish(name, examples, skipped, limit)
+    return _finish(name, examples, skipped, limit, counts)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,7 +305,7 @@ def _hub_rows(bench: str, src: HubSource) -> Any:
 
 
 def _load_benchmark(
-    spec: BenchmarkSpec, split: str | None, max_chars: int | None, limit: int | None
+    spec: BenchmarkSpec, split: str | None, max_chars: int | None, limit: int | None, counts: Counter | None = None
 ) -> list[Example]:
     split = split or spec.default_split
     if split not in spec.splits:
@@ -321,7 +323,7 @@ def _load_benchmark(
             indices = held if split == spec.holdout_split else kept
         prefix = f"{spec.name}/{src.tag + '-' if src.tag else ''}"
         examples += _to_examples(((i, rows[i]) for i in indices), cols, prefix, skipped)
-    return _finish(f"{spec.name}[{split}]", examples, skipped, limit)
+    return _finish(f"{spec.name}[{split}]", examples, skipped, limit, counts)
 
 
 _SOURCES: dict[str, Callable[[str], Sequence[Example]]] = {}
@@ -384,6 +386,7 @@ def load_examples(
     prompt_format: PromptFormat | None = None,
     key: str = "data",
     default_split: str | None = None,
+    skipped: Counter | None = None,
 ) -> list[Example]:
     """Load math problems as :class:`Example` s from a benchmark name, a dataset, a local file or the world.
 
@@ -398,7 +401,8 @@ def load_examples(
     ``prompt_key`` a column of chat messages that replaces the problem column (its last user turn is the problem).
     ``prompt_format`` (template, system prompt, chat-template arguments) applies to every source.
     ``answer_format="gsm8k"`` keeps what follows ``####`` in a file's answers, commas removed.
-    Skipped rows are counted in a warning; ``limit`` keeps the first rows after skipping. ``key`` names the
+    Skipped rows are counted in a warning (and added to ``skipped``, a Counter by reason, where given: all of
+    the source's, before ``limit``); ``limit`` keeps the first rows after skipping. ``key`` names the
     config key in the errors of datasets. Raises :class:`DataError`.
     """
     if answer_format not in ANSWER_FORMATS:
@@ -412,7 +416,7 @@ def load_examples(
             _refuse_shadowed(key, source, head)
         _refuse_columns(key, source, subset, prompt_key)
         examples = (_load_registered(head, rest if "/" in source else (split or ""), limit) if source not in BENCHMARKS
-                    else _load_benchmark(BENCHMARKS[source], split, max_problem_chars, limit))
+                    else _load_benchmark(BENCHMARKS[source], split, max_problem_chars, limit, skipped))
         return examples if fmt.is_default else [Example(e.id, fmt.problem(e.problem), e.answer) for e in examples]
     from tandem_rlvr.data_sources import dataset_rows, is_hub_id
 
@@ -420,9 +424,9 @@ def load_examples(
     cols = _Cols(problem_key, answer_key, id_key or None, answer_format, max_problem_chars, prompt_key or None, fmt)
     if path.suffix.lower() not in FILE_SUFFIXES and (path.is_dir() or is_hub_id(source)):
         name, rows, columns = dataset_rows(source, split, subset, key=key, default_split=default_split)
-        return _rows_examples(name, name, rows, columns, cols, limit)
+        return _rows_examples(name, name, rows, columns, cols, limit, skipped)
     if path.suffix.lower() in FILE_SUFFIXES or path.exists() or "/" in source or "\\" in source:
-        return _load_file(path, split, cols, limit)
+        return _load_file(path, split, cols, limit, skipped)
     raise DataError(
         f"data: unknown benchmark {source!r}; valid: {', '.join(BENCHMARKS)}; or pass a Hugging Face dataset id "
         f"org/name, a dataset directory, a path to a {'/'.join(FILE_SUFFIXES)} file, or arith/<split>"

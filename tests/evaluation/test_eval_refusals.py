@@ -111,7 +111,8 @@ def _browser_runs(out):
 
 
 def test_the_report_shows_only_this_runs_chains(model_dirs, bench, tmp_path, capsys):
-    """An earlier run's chains under the same --out stay on disk (not ours to delete) but are not this report's."""
+    """An earlier run's chains under the same --out stay on disk (not ours to delete) but are not this report's
+    (another evaluation into that --out replaces its report only with --overwrite: tests/evaluation/test_eval_out.py)."""
     from tandem_rlvr.cli import main
 
     s_dir, j_dir = model_dirs
@@ -120,7 +121,7 @@ def test_the_report_shows_only_this_runs_chains(model_dirs, bench, tmp_path, cap
             "--no-curve", "--no-progress", "--reward", "boxed_exact"]
     assert main(["eval", "--senior", f"first={s_dir}", *base]) == 0
     assert _browser_runs(out) == ["first/bench"]
-    assert main(["eval", "--senior", f"second={s_dir}", *base]) == 0
+    assert main(["eval", "--senior", f"second={s_dir}", *base, "--overwrite"]) == 0
     assert _browser_runs(out) == ["second/bench"]
     assert (out / "chains" / "first" / "bench.jsonl").is_file()
 

@@ -5,7 +5,8 @@ Options come from flags, from ``--config eval.yaml`` (the same keys, with ``_`` 
 built-in defaults, in that order of precedence (:mod:`tandem_rlvr.evaluation.options`, loaded as the training
 config is). Finished (senior, benchmark) parts are kept under
 ``OUT/parts/`` with a fingerprint of everything that determines them, so an interrupted run resumes
-where it stopped (``--overwrite`` recomputes).
+where it stopped (``--overwrite`` recomputes). What ``--out`` may hold, and its lock:
+:mod:`tandem_rlvr.evaluation.outdir`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import gc
 import hashlib
 import json
 import logging
-import re
 import time
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 
 from tandem_rlvr.config_bounds import bounds_of
 from tandem_rlvr.evaluation.options import FLAGS, EvalOptions, eval_default, field_doc, load_options
+from tandem_rlvr.evaluation.outdir import slug
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,6 @@ def resolve_options(args: argparse.Namespace) -> EvalOptions:
 # ---------------------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------------------
-
-
-def slug(name: str) -> str:
-    """A file-name-safe version of a senior or benchmark name."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "x"
 
 
 def pair_label(senior: str, junior: str, many_juniors: bool) -> str:
@@ -238,18 +234,25 @@ def _device_dtype(opts: EvalOptions):
     return torch.device(device), dtype
 
 
-def _load_benchmarks(opts: EvalOptions) -> dict[str, tuple[str, list]]:
+def _load_benchmarks(opts: EvalOptions, skipped: dict | None = None) -> dict[str, tuple[str, list]]:
+    """``{name: (source, problems)}`` of every ``--benchmark``; ``skipped`` (where given) gets ``{name: {reason:
+    rows}}``: the rows its loader dropped (no answer, an empty problem, ...; all of the source's, before --limit)."""
+    from collections import Counter
+
     from tandem_rlvr.data import load_examples
     from tandem_rlvr.prompts import PromptFormat
 
     fmt = PromptFormat.of(opts.prompt_template, opts.system_prompt, opts.chat_template_kwargs)  # as training's
     out: dict[str, tuple[str, list]] = {}
     for key, src in benchmark_names(opts):
+        counts: Counter = Counter()
         ex = load_examples(src, opts.split, problem_key=opts.problem_key, answer_key=opts.answer_key,
                            id_key=opts.id_key, limit=opts.limit, subset=opts.subset, prompt_key=opts.prompt_key,
-                           prompt_format=fmt, key="eval --benchmark")
+                           prompt_format=fmt, key="eval --benchmark", skipped=counts)
         _check_unique_ids(src, ex, opts.id_key)
         out[key] = (src, list(ex))
+        if skipped is not None:
+            skipped[key] = dict(sorted(counts.items()))
         log.info("benchmark %s: %d problems from %s", key, len(out[key][1]), src)
     return out
 
@@ -320,11 +323,13 @@ def _load_senior(opts: EvalOptions, name: str, path: str, tok, junior, junior_to
 
 def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, benches: dict, scorer,
                  junior_name: str = "junior", junior_path: str | None = None, label: str | None = None,
-                 reach: dict | None = None, settings=None) -> dict:
+                 reach: dict | None = None, settings=None, load_skips: dict | None = None) -> dict:
     """Every benchmark of one (senior, junior) with the run's ``settings`` (:class:`EvalSettings`, built once from
-    ``opts``); a finished part with the same fingerprint is reused."""
+    ``opts``); a finished part with the same fingerprint is reused. ``load_skips``: each benchmark's rows dropped
+    while loading, by reason (:func:`_load_benchmarks`), reported as its ``n_skipped_at_load``."""
     from tandem_rlvr.evaluation.crosstok import evaluate_any_pair, template_kind
     from tandem_rlvr.evaluation.evaluate import EvalSettings
+    from tandem_rlvr.evaluation.outdir import remove_stale_temps
     from tandem_rlvr.io import AtomicJsonl, atomic_write_json
     from tandem_rlvr.evaluation.metrics import macro_average
     from tandem_rlvr.models import load_tokenizer
@@ -349,6 +354,8 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
                 senior, engine, cut = _load_senior(opts, name, path, tok, junior, junior_tok, junior_name, junior_path,
                                                    reach, rows)
             t0 = time.perf_counter()
+            for stale in (chains, part):  # a killed run's half-written temporaries: not resumed, never read
+                remove_stale_temps(stale)
             with AtomicJsonl(chains) as sink:
                 metrics, _ = evaluate_any_pair(senior, junior, tok, junior_tok, examples, settings or EvalSettings.of(opts),
                                                scorer=scorer, sink=sink.write, keep_chains=False, engine=engine,
@@ -364,21 +371,10 @@ def _eval_senior(opts: EvalOptions, name: str, path: str, junior, junior_tok, be
         rows.close()
         del senior, engine
         gc.collect()
+    for bname, metrics in per.items():
+        metrics["n_skipped_at_load"] = dict((load_skips or {}).get(bname, {}))
     return {"per_benchmark": per, "macro": macro_average(per), "junior": junior_name,
             "templates": {"senior": template_kind(tok), "junior": template_kind(junior_tok)}}
-
-
-def _settings(opts: EvalOptions, benches: dict) -> dict:
-    import torch
-    import transformers
-
-    s = asdict(opts)
-    s["curve_ps"] = opts.curve_ps if opts.curve else []  # the values the curve ran at ([]: none)
-    s["benchmarks"] = {k: v[0] for k, v in benches.items()}
-    s["ks"] = [k for k in (1, 2, 4, 8) if k <= opts.n]
-    s["curve_p1_is_solo"] = 1.0 in opts.curve_ps
-    s["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__}
-    return s
 
 
 PROMPT_KEYS = ("prompt_template", "system_prompt", "chat_template_kwargs", "prompt_key")
@@ -411,26 +407,34 @@ def _warn_other_prompt(opts: EvalOptions, name: str, path: str) -> None:
 
 def run_eval(opts: EvalOptions) -> dict:
     """Run a whole evaluation; returns the ``eval.json`` object (also written with the other outputs)."""
-    from tandem_rlvr.io import atomic_write_json
-    from tandem_rlvr.models import check_output_rows, freeze, load_causal_lm, load_tokenizer
-    from tandem_rlvr.evaluation.report import write_eval_csv, write_eval_report
-    from tandem_rlvr.evaluation.evaluate import EvalSettings, open_scorer
-    from tandem_rlvr.evaluation.matrix import write_matrix_report
     from tandem_rlvr import preflight
+    from tandem_rlvr.evaluation import outdir
+    from tandem_rlvr.evaluation.outputs import write_outputs
 
     check_file_names(opts)
-    out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device, dtype = _device_dtype(opts)
-    benches = _load_benchmarks(opts)
+    names = dict(benchmark_names(opts))
+    outdir.check_out(opts, names)  # a file, files no evaluation wrote, another evaluation: before anything is written
+    load_skips: dict = {}
+    benches = _load_benchmarks(opts, load_skips)
     check_finished_parts(opts, benches)  # no finished result is replaced without --overwrite
-    juniors = opts.juniors
     # every model's config, tokenizer and context, the output directory: before any forward pass
-    reach = preflight.check_eval(opts, juniors, benches)
+    reach = preflight.check_eval(opts, opts.juniors, benches)
     for name, path in opts.seniors.items():
         _warn_other_prompt(opts, name, path)
+    with outdir.writing(opts, names, lambda: check_finished_parts(opts, benches)) as out:  # run.lock held
+        t0 = time.perf_counter()
+        results, pairs = _evaluate_pairs(opts, benches, reach, load_skips)
+        return write_outputs(opts, out, benches, results, pairs, time.perf_counter() - t0)
+
+
+def _evaluate_pairs(opts: EvalOptions, benches: dict, reach: dict, load_skips: dict) -> tuple[dict, dict]:
+    """Every senior with every junior on every benchmark: ``({label: result}, {label: (senior, junior)})``."""
+    from tandem_rlvr.evaluation.evaluate import EvalSettings, open_scorer
+    from tandem_rlvr.models import check_output_rows, freeze, load_causal_lm, load_tokenizer
+
+    device, dtype = _device_dtype(opts)
+    juniors = opts.juniors
     settings = EvalSettings.of(opts)  # what every pair and mode reads
-    t0 = time.perf_counter()
     results, pairs = {}, {}
     with open_scorer(opts.reward, opts.reward_timeout_s, opts.reward_workers) as scorer:
         for jname, jpath in juniors.items():
@@ -441,45 +445,11 @@ def run_eval(opts: EvalOptions) -> dict:
             for name, path in opts.seniors.items():
                 label = pair_label(name, jname, len(juniors) > 1)
                 results[label] = _eval_senior(opts, name, path, junior, junior_tok, benches, scorer, jname, jpath,
-                                              label, reach, settings)
+                                              label, reach, settings, load_skips)
                 pairs[label] = (name, jname)
             del junior
             gc.collect()
-    settings = _settings(opts, benches) | {"elapsed_s": time.perf_counter() - t0}
-    matrix = _matrix(results, pairs)
-    if len(juniors) > 1:
-        obj = {"pairs": {k: {"senior": s, **results[k]} for k, (s, _) in pairs.items()}, "matrix": matrix,
-               "settings": settings}
-    elif len(results) == 1:
-        (name, res), = results.items()
-        obj = {"senior": name, **res, "matrix": matrix, "settings": settings}
-    else:
-        obj = {"seniors": results, "matrix": matrix, "settings": settings}
-    atomic_write_json(out / "eval.json", obj)
-    write_eval_csv(out / "eval.csv", obj)
-    write_eval_report(out, results, settings)
-    write_matrix_report(out, matrix)
-    _write_eval_html(out, benches, list(results))
-    return obj
-
-
-def _write_eval_html(out: Path, benches: dict, labels: list[str]) -> None:
-    """``eval.html`` beside ``eval.md``: the tables, plots and a browser over this run's chains (its pairs'
-    ``labels`` on its benchmarks; other chains under ``--out``, from earlier runs, are not this report's)."""
-    from tandem_rlvr.evaluation.html import eval_html
-
-    chains = [Path("chains") / slug(label) / f"{slug(b)}.jsonl" for label in labels for b in benches]
-    eval_html(out, {b: {str(e.id): e.problem for e in ex} for b, (_, ex) in benches.items()}, chains=chains)
-
-
-def _matrix(results: dict, pairs: dict) -> dict:
-    from tandem_rlvr.evaluation.matrix import pair_matrix
-
-    templates = {}
-    for label, (s, j) in pairs.items():
-        templates[f"senior {s}"] = results[label]["templates"]["senior"]
-        templates[f"junior {j}"] = results[label]["templates"]["junior"]
-    return pair_matrix(results, pairs, templates)
+    return results, pairs
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -167,9 +167,9 @@ def nanmean(values) -> float:
 # Macro averages over benchmarks
 # ---------------------------------------------------------------------------------------------------
 
-COUNT_KEYS = ("n_problems", "n_chains", "n_skipped", "handoff_stops", "handoff_context_truncations",
-              "junior_bpb_empty_chains", "junior_bpb_truncated_chains", "junior_bpb_unscored_tokens",
-              "reward_stats")  # the verifier's checks, timeouts, errors and seconds
+COUNT_KEYS = ("n_problems", "n_chains", "n_skipped", "n_skipped_at_load", "handoff_stops",
+              "handoff_context_truncations", "junior_bpb_empty_chains", "junior_bpb_truncated_chains",
+              "junior_bpb_unscored_tokens", "reward_stats")  # reward_stats: the verifier's checks, timeouts, errors
 
 
 def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
@@ -192,7 +192,7 @@ def macro_average(per_benchmark: Mapping[str, Mapping]) -> dict:
         if first is None:
             out[key] = None
         elif key in COUNT_KEYS and isinstance(vals[0], Mapping):  # counts by reason (and seconds)
-            out[key] = {s: _total(v.get(s, 0) for v in vals) for s in vals[0]}
+            out[key] = {s: _total(v.get(s, 0) for v in vals) for s in dict.fromkeys(s for v in vals for s in v)}
         elif key in COUNT_KEYS:
             out[key] = _total(vals)
         elif key == "n_samples":

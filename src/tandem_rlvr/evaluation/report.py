@@ -143,6 +143,8 @@ def eval_markdown(results: Mapping[str, Mapping], settings: Mapping | None = Non
               "pass@k and accuracies in %, ± one standard error over problems; tax = solo − handoff pass@1 "
               "in points; junior CE/top-1 on the senior's solo chains (lower CE = more legible); KL = mean "
               "per-token KL(senior ‖ junior) on the solo chains (nats).", ""]
+    skips = load_skips_line(results)
+    parts += [skips, ""] if skips else []
     for name, r in results.items():
         parts += [f"## {name}: per benchmark", "", benchmark_table(r), ""]
     parts += ["## pass@k (macro)", "", pass_at_k_table(results), ""]
@@ -152,6 +154,22 @@ def eval_markdown(results: Mapping[str, Mapping], settings: Mapping | None = Non
         parts += ["## Junior CE by position in the senior's chain (macro)", "", decile_table(results), ""]
     parts += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def load_skips_line(results: Mapping[str, Mapping]) -> str:
+    """The rows each benchmark lost while loading (``n_skipped_at_load``: no answer, an empty problem, ...), by
+    reason, in one line; '' when none lost any."""
+    lost: dict = {}
+    for r in results.values():
+        for bench, m in r.get("per_benchmark", {}).items():
+            counts = m.get("n_skipped_at_load")
+            if isinstance(counts, Mapping) and sum(counts.values()):
+                lost.setdefault(bench, counts)
+    if not lost:
+        return ""
+    return ("Rows skipped while loading the benchmarks (not evaluated; all of each source's rows, before --limit): "
+            + "; ".join(f"{b}: {sum(c.values())} ({', '.join(f'{k}: {v}' for k, v in c.items())})"
+                        for b, c in lost.items()) + ".")
 
 
 def _settings_line(s: Mapping) -> str:
