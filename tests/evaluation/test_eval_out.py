@@ -18,25 +18,18 @@ from collections import Counter
 import pytest
 
 from helpers.cli_runs import cli_lines
+from helpers.cli_runs import refused as _refused
+from helpers.run_files import write_jsonl
 
 
 def _bench(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return str(path)
+    return str(write_jsonl(path, rows))
 
 
 @pytest.fixture
 def bench(tmp_path):
     return _bench(tmp_path / "bench.jsonl", [{"id": f"p{i}", "problem": f"What is {i} plus 4?", "answer": str(i + 4)}
                                              for i in range(2)])
-
-
-@pytest.fixture
-def no_weights(monkeypatch):
-    """Loading any model's weights fails the test: the refusal must come first."""
-    import tandem_rlvr.models as models
-
-    monkeypatch.setattr(models, "load_causal_lm", lambda name, **_: pytest.fail(f"{name!r} loaded before the refusal"))
 
 
 def _argv(model_dirs, bench, out, *extra, senior="s"):
@@ -48,15 +41,6 @@ def _argv(model_dirs, bench, out, *extra, senior="s"):
 def _run(capsys, argv):
     rc, err = cli_lines(capsys, argv)
     assert rc == 0, err
-
-
-def _refused(capsys, argv, *words):
-    rc, err = cli_lines(capsys, argv)
-    assert rc == 2, err
-    assert len(err) == 1 and err[0].startswith("tandem-rlvr eval: error: "), err
-    for w in words:
-        assert w in err[0], (w, err[0])
-    return err[0]
 
 
 def _files(folder):

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from helpers.cli_runs import cli_lines
+from helpers.cli_runs import refused as _refused
 
 
 def _bench(path, rows):
@@ -25,30 +25,10 @@ def bench(tmp_path):
                                              for i in range(3)])
 
 
-@pytest.fixture
-def no_weights(monkeypatch):
-    """Loading any model's weights fails the test: the refusal must come first."""
-    import tandem_rlvr.models as models
-
-    def refuse(name, **_):
-        raise AssertionError(f"weights of {name!r} were loaded before the refusal")
-
-    monkeypatch.setattr(models, "load_causal_lm", refuse)
-
-
 def _argv(model_dirs, bench, out, *extra):
     s_dir, j_dir = model_dirs
     return ["eval", "--senior", f"s={s_dir}", "--junior", str(j_dir), "--benchmark", bench, "--out", str(out),
             "--n", "1", "--max-new-tokens", "4", "--no-curve", "--no-progress", "--reward", "boxed_exact", *extra]
-
-
-def _refused(capsys, argv, *words):
-    rc, err = cli_lines(capsys, argv)
-    assert rc == 2, err
-    assert len(err) == 1 and err[0].startswith("tandem-rlvr eval: error: "), err
-    for w in words:
-        assert w in err[0], (w, err[0])
-    return err[0]
 
 
 @pytest.mark.parametrize("extra,words", [

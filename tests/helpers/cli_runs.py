@@ -10,3 +10,14 @@ def cli_lines(capsys, argv):
     rc = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     return rc, err
+
+
+def refused(capsys, argv, *words):
+    """Run the CLI and require a refusal: exit 2 and one line ``tandem-rlvr COMMAND: error: ...`` holding every
+    one of ``words``; returns that line."""
+    rc, err = cli_lines(capsys, argv)
+    assert rc == 2, err
+    assert len(err) == 1 and err[0].startswith(f"tandem-rlvr {argv[0]}: error: "), err
+    for w in words:
+        assert w in err[0], (w, err[0])
+    return err[0]
