@@ -132,3 +132,32 @@ def test_train_steps_lowered_below_the_newest_checkpoint_is_refused(tmp_path):
     assert (run / "config.yaml").read_text() == saved and len((run / "metrics.jsonl").read_text().splitlines()) == 4
     assert rundir.prepare(run, cfg(4), restart=False) == run / "checkpoints" / "step-4"
     assert rundir.prepare(run, cfg(6), restart=False) == run / "checkpoints" / "step-4"
+
+
+@pytest.mark.parametrize("decay,said", [("cosine", True), ("linear", True), ("constant", False)])
+def test_a_longer_run_under_a_decaying_rate_says_the_rate_jumps(tmp_path, caplog, decay, said):
+    """train.steps may change on resume; under a linear or cosine decay the schedule then follows the new length from
+    the resumed step on (its rate jumps there): the resume says so; a constant rate has nothing to say."""
+    import logging
+
+    from tandem_rlvr import integrity
+    from tandem_rlvr.training import checkpoint as ck, rundir
+
+    run = tmp_path / "run"
+
+    def cfg(steps):
+        return load_config(None, ["model.senior=s", "model.junior=j", f"train.out_dir={run}", f"train.steps={steps}",
+                                  "train.save_every=2", f"algo.lr_decay={decay}"])
+
+    rundir.prepare(run, cfg(4), restart=False)
+    d = run / "checkpoints" / "step-4"
+    d.mkdir(parents=True)
+    (d / "trainer_state.json").write_text(json.dumps({"step": 4}))
+    integrity.write_checksums(d)
+    (d / ck.MARKER).write_text("ok\n")
+    with caplog.at_level(logging.WARNING, logger="tandem_rlvr.training.rundir"):
+        rundir.prepare(run, cfg(4), restart=False)
+        assert not [r for r in caplog.records if "jumps" in r.getMessage()]
+        rundir.prepare(run, cfg(8), restart=False)
+    lines = [r.getMessage() for r in caplog.records if "jumps" in r.getMessage()]
+    assert len(lines) == int(said) and (not said or "train.steps 4 -> 8" in lines[0])

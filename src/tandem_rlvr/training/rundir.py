@@ -16,6 +16,7 @@ refused outright.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -29,6 +30,8 @@ from tandem_rlvr.config_bounds import run_dir_problem
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_text, read_jsonl
 from tandem_rlvr import runlock
+
+log = logging.getLogger(__name__)
 
 # what a run writes directly in its directory (regular files, then folders); see the module docstring
 RUN_FILES = re.compile(r"^(config\.yaml|metrics\.jsonl|preempted\.json|watchdog-rank\d+\.txt|trackers\.json|samples\.jsonl"
@@ -45,6 +48,16 @@ RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.save_every", "train
                      "train.log_every", "train.log_samples"}
 # keys left out of the comparison: the folder itself, which a resume found (``run``, ``run/`` or its absolute path)
 NOT_COMPARED = {"train.out_dir"}
+
+
+def _say_new_schedule(old: dict, cfg: Config) -> None:
+    """A resumed run with another ``train.steps`` under a decaying learning rate follows the new run length's
+    schedule from the resumed step on: the rate jumps there. Said, since the change itself is allowed."""
+    before, decay = (old.get("train") or {}).get("steps"), cfg.algo.lr_decay
+    if before is not None and before != cfg.train.steps and decay != "constant":
+        log.warning("train.steps %s -> %s with algo.lr_decay=%s: from the resumed step on the learning rate follows "
+                    "the schedule of a %s-step run, so it jumps at that step (algo.lr_decay=constant, the paper's, "
+                    "extends a run without a jump)", before, cfg.train.steps, decay, cfg.train.steps)
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -82,12 +95,14 @@ def prepare(run_dir: Path, cfg: Config, restart: bool) -> Path | None:
         if not old_cfg.exists():
             raise TandemError(f"run directory {str(run_dir)!r} holds a run without config.yaml; "
                               "pass --restart to start over or choose another train.out_dir")
-        changed = config_changes(read_run_config(old_cfg), cfg.to_dict())
+        old = read_run_config(old_cfg)
+        changed = config_changes(old, cfg.to_dict())
         if changed:
             raise TandemError(
                 f"run directory {str(run_dir)!r} holds a run with a different config ({'; '.join(changed[:5])}); "
                 "pass --restart to start over or choose another train.out_dir"
             )
+        _say_new_schedule(old, cfg)
     if resume_from is not None:
         _check_steps(resume_from, cfg)
         for log_name in ("metrics.jsonl", "samples.jsonl"):  # damaged, not just torn: stop before any process resumes
