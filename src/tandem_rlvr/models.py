@@ -355,6 +355,7 @@ def load_pair(mcfg) -> Pair:
     senior = load_causal_lm(mcfg.senior, dtype=mcfg.dtype, trust_remote_code=trc, role="senior",
                             revision=mcfg.revision, attn_implementation=attn)
     jdtype = getattr(mcfg, "junior_dtype", "") or mcfg.dtype
+    junior_eos: tuple = ()  # a self-paired junior ends where the senior does
     if mcfg.self_paired:
         if mcfg.lora_r > 0:
             senior = _apply_lora(senior, mcfg)
@@ -369,11 +370,9 @@ def load_pair(mcfg) -> Pair:
         if getattr(mcfg, "bridge", False):
             return Pair(senior, junior, tok, lora=mcfg.lora_r > 0, junior_tokenizer=jtok)
         check_tokenizers(tok, jtok, mcfg.senior, mcfg.junior)
-        _check_rows(senior, junior, tok, mcfg)
-        return Pair(senior, junior, tok, lora=mcfg.lora_r > 0,
-                    junior_eos=tuple(junior_eos_ids(tok, senior, junior, jtok) or ()))
+        junior_eos = tuple(junior_eos_ids(tok, senior, junior, jtok) or ())
     _check_rows(senior, junior, tok, mcfg)
-    return Pair(senior, junior, tok, lora=mcfg.lora_r > 0)
+    return Pair(senior, junior, tok, lora=mcfg.lora_r > 0, junior_eos=junior_eos)
 
 
 def cast_parameters(model, dtype: torch.dtype):

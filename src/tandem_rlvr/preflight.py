@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,13 +22,16 @@ from tandem_rlvr.models import WORLD_MODELS, ModelLoadError, check_tokenizers, l
 
 log = logging.getLogger(__name__)
 
+PROBE_PREFIX = ".write-check-"  # check_writable's scratch file; one stays where a kill cut the check short
+PROBE_FILE = re.compile(rf"^{re.escape(PROBE_PREFIX)}[A-Za-z0-9_]+$")  # what a run, the demo and eval may find
+
 
 def check_writable(directory: str | Path, what: str) -> None:
     """Create ``directory`` if needed and write (then remove) a scratch file in it."""
     d = Path(directory).expanduser()
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".write-check-", dir=d)
+        fd, tmp = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=d)
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:

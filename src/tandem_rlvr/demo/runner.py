@@ -23,6 +23,7 @@ from tandem_rlvr.demo.jobs import JobContext, n_workers, run_parallel, run_seque
 from tandem_rlvr.demo.plan import DemoPlan, plans, run_names, train_config, with_changes
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_json
+from tandem_rlvr.preflight import PROBE_FILE
 from tandem_rlvr import runlock
 from tandem_rlvr.world.registry import DEFAULT_WORLD, get_world
 
@@ -144,7 +145,6 @@ def _write_problems(out: Path, plan: DemoPlan, world: str = DEFAULT_WORLD) -> No
 
 MARKER = ".tandem-rlvr-demo"  # in --out: the demo wrote this folder (its own files may be replaced on --restart)
 _OWN = (MARKER, runlock.LOCK_NAME)
-WRITE_CHECK = ".write-check-"  # preflight's probe file; one is left where a process was killed between its two calls
 
 
 def _check_own(out: Path) -> None:
@@ -152,7 +152,7 @@ def _check_own(out: Path) -> None:
     demo writes its report, results and runs only into a new or empty folder, or one of its own."""
     if not out.is_dir() or (out / MARKER).is_file() or _demo_results(out / "results.json") is not None:
         return
-    foreign = sorted(e.name for e in out.iterdir() if e.name not in _OWN and not e.name.startswith(WRITE_CHECK))
+    foreign = sorted(e.name for e in out.iterdir() if e.name not in _OWN and not PROBE_FILE.match(e.name))
     if foreign:
         raise TandemError(f"demo --out {str(out)!r} holds files the demo did not write ({', '.join(foreign[:3])}"
                           f"{', ...' if len(foreign) > 3 else ''}): choose a new or empty folder, or a demo's own")

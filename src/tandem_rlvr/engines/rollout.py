@@ -186,17 +186,6 @@ def generate(
     here a disabled one, so the steps between forwards keep full precision). It holds a bf16 copy of the weights
     that require grad while the rollout runs.
     """
-    device = prompt_ids_BP.device
-    grad_mode = torch.no_grad() if hold_casts else torch.inference_mode()
-    with grad_mode, (torch.autocast(device.type, enabled=False) if hold_casts else contextlib.nullcontext()):
-        return _generate(senior, junior, prompt_ids_BP, prompt_mask_BP, schedule, sampling, eos_token_ids=eos_token_ids,
-                         pad_token_id=pad_token_id, seed=seed, max_rounds=max_rounds, record_junior=record_junior,
-                         mode=mode, junior_eos_token_ids=junior_eos_token_ids)
-
-
-def _generate(senior, junior, prompt_ids_BP, prompt_mask_BP, schedule: Schedule, sampling: Sampling, *, eos_token_ids,
-              pad_token_id: int, seed: int, max_rounds: int | None, record_junior: bool, mode: str,
-              junior_eos_token_ids) -> Rollout:
     if mode not in MODES:
         raise ValueError(f"unknown rollout mode {mode!r}; choose one of {', '.join(MODES)}")
     if schedule.uses_junior and junior is None:
@@ -209,14 +198,25 @@ def _generate(senior, junior, prompt_ids_BP, prompt_mask_BP, schedule: Schedule,
     P, n_new = prompt_ids_BP.shape[1], sampling.max_new_tokens
     pad_BL = torch.ones(prompt_ids_BP.shape[0], P + n_new, dtype=torch.bool, device=device)
     pad_BL[:, :P] = prompt_mask_BP.bool()
-    with gqa_attention(*[m for m, f in zip(models, fast) if f]):
+    with _decode_mode(hold_casts, device.type), gqa_attention(*[m for m, f in zip(models, fast) if f]):
         decs = [_Decoder(m, prompt_ids_BP, prompt_mask_BP, n_new=n_new, pad_BL=pad_BL,
                          temperature=sampling.temperature, fast=f) for m, f in zip(models, fast)]
         run = _CoWrite(decs, schedule, sampling, seed=seed, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                        max_rounds=max_rounds, lockstep=mode == "lockstep", device=device,
                        junior_eos_token_ids=junior_eos_token_ids)
         run.run()
-    return run.rollout(prompt_ids_BP, prompt_mask_BP)
+        return run.rollout(prompt_ids_BP, prompt_mask_BP)
+
+
+def _decode_mode(hold_casts: bool, device_type: str):
+    """Inference mode; or, to hold autocast's weight casts (:func:`generate`), no_grad in a disabled autocast region
+    (the cache lives only outside inference mode, until the outermost autocast region ends)."""
+    if not hold_casts:
+        return torch.inference_mode()
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.no_grad())
+    stack.enter_context(torch.autocast(device_type, enabled=False))
+    return stack
 
 
 class _CoWrite:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from tandem_rlvr.errors import ConfigError
+from tandem_rlvr.preflight import PROBE_FILE
 from tandem_rlvr import runlock
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ _TMP = r"\.[A-Za-z0-9_]+\.tmp"  # what atomic_open (tempfile.mkstemp) puts after
 _SLUG = r"[A-Za-z0-9-][A-Za-z0-9._-]*"  # a name slug() makes (no leading '.' or '_')
 # in any folder: the lock, and what a start killed before its marker leaves (preflight's scratch file, the marker's
 # temporary); never foreign, so a killed start does not block its rerun
-_ALWAYS = re.compile(rf"^(run\.lock|\.write-check-[A-Za-z0-9_]+|\.{re.escape(MARKER)}{_TMP})$")
+_ALWAYS = re.compile(rf"^(run\.lock|\.{re.escape(MARKER)}{_TMP})$")
 _NAMES = "|".join(re.escape(n) for n in (MARKER, *REPORT_FILES))
 _TOP = re.compile(rf"^({_NAMES}|\.({_NAMES}){_TMP})$")
 _PART = re.compile(rf"^({_SLUG}\.json|\.{_SLUG}\.json{_TMP})$")
@@ -118,7 +119,7 @@ def first_foreign(out: Path) -> Path | None:
 def _foreign_entry(e: Path, ours: bool) -> Path | None:
     if e.is_symlink():
         return e
-    if e.is_file() and _ALWAYS.match(e.name):
+    if e.is_file() and (_ALWAYS.match(e.name) or PROBE_FILE.match(e.name)):
         return None
     if not ours:
         return e

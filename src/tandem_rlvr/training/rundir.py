@@ -29,6 +29,7 @@ from tandem_rlvr.config import Config, save_config
 from tandem_rlvr.config_bounds import run_dir_problem
 from tandem_rlvr.errors import TandemError
 from tandem_rlvr.io import atomic_write_text, read_jsonl
+from tandem_rlvr.preflight import PROBE_FILE
 from tandem_rlvr import runlock
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 # what a run writes directly in its directory (regular files, then folders); see the module docstring
 RUN_FILES = re.compile(r"^(config\.yaml|metrics\.jsonl|preempted\.json|watchdog-rank\d+\.txt|trackers\.json|samples\.jsonl"
                        r"|\.(config\.yaml|metrics\.jsonl|preempted\.json|trackers\.json|samples\.jsonl)\..+\.tmp)$")
-PROBE_FILE = re.compile(r"^\.write-check-[a-z0-9_]+$")  # preflight.check_writable's probe, left by a kill mid-check
 RUN_DIRS = re.compile(r"^(checkpoints|best|final|\.tmp-(best|final)|\.(best|final)\.old|\.trash-best)$")
 CKPT_ENTRIES = re.compile(r"^(step-\d+|\.tmp-step-\d+|\.trash-step-\d+|\.step-\d+\.old|damaged-step-\d+(\.\d+)?)$")
 TENSORBOARD_DIR, TENSORBOARD_FILE = "tandem-rlvr", re.compile(r"^(events\.out\.tfevents\..+|hparams\.yml)$")
